@@ -1,0 +1,131 @@
+"""S3 / Ceph RGW backend: the only module that imports boto3.
+
+botocore does the retrying (standard mode, bounded attempts, connect/read timeouts) so no
+call can hang; this module adds no retry loop of its own. Credentials come only from
+boto3's standard chain (environment, shared files, instance roles).
+"""
+
+from __future__ import annotations
+
+import boto3
+import botocore.exceptions as bex
+from botocore.config import Config
+
+from ..errors import (AccessDenied, BackendError, BackendUnavailable, NoSuchBucket, NotFound,
+                      PreconditionFailed)
+from .base import ListPage, ObjectMeta
+
+_DENIED = {"AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "403",
+           "InvalidToken", "ExpiredToken", "AllAccessDisabled"}
+_MISSING = {"NoSuchKey", "404", "NotFound"}
+
+
+def _etag(raw: str) -> str:
+    return raw.strip('"')
+
+
+class S3Backend:
+    name = "s3"
+
+    def __init__(self, bucket: str, *, endpoint_url: str | None, region: str | None,
+                 max_connections: int, timeout_s: float, max_attempts: int) -> None:
+        self.bucket = bucket
+        config = Config(
+            s3={"addressing_style": "path"},
+            # RGW rejects botocore>=1.36 default checksums on uploads; ETags verify GETs
+            request_checksum_calculation="when_required",
+            response_checksum_validation="when_required",
+            retries={"mode": "standard", "max_attempts": max_attempts},
+            connect_timeout=min(timeout_s, 10.0),
+            read_timeout=timeout_s,
+            max_pool_connections=max_connections,
+            region_name=region,
+        )
+        session = boto3.session.Session()
+        self._s3 = session.client("s3", endpoint_url=endpoint_url, config=config)
+
+    def _error(self, exc: Exception, what: str) -> Exception:
+        if isinstance(exc, bex.ClientError):
+            err = exc.response.get("Error", {})
+            code = str(err.get("Code", ""))
+            status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+            if code in ("PreconditionFailed", "412") or status == 412:
+                return PreconditionFailed(f"{what}: object changed (ETag mismatch)")
+            if code == "NoSuchBucket":
+                return NoSuchBucket(f"bucket {self.bucket!r} does not exist")
+            if code in _DENIED or status == 403:
+                return AccessDenied(f"{what}: access denied ({code}); check the credentials")
+            if code in _MISSING or status == 404:
+                return NotFound(f"{what}: not found")
+            return BackendError(f"{what}: {code or status} {err.get('Message', '')}".strip())
+        if isinstance(exc, (bex.NoCredentialsError, bex.PartialCredentialsError)):
+            return AccessDenied("no S3 credentials found: set AWS_ACCESS_KEY_ID/"
+                                "AWS_SECRET_ACCESS_KEY, AWS_PROFILE or an instance role")
+        if isinstance(exc, (bex.EndpointConnectionError, bex.ConnectTimeoutError,
+                            bex.ReadTimeoutError, bex.ConnectionClosedError)):
+            return BackendUnavailable(f"{what}: endpoint unreachable ({exc})")
+        if isinstance(exc, bex.BotoCoreError):
+            return BackendError(f"{what}: {exc}")
+        return exc
+
+    def check(self) -> None:
+        try:
+            self._s3.head_bucket(Bucket=self.bucket)
+        except Exception as exc:  # noqa: BLE001 - mapped below
+            err = self._error(exc, f"bucket {self.bucket!r}")
+            if isinstance(err, NotFound):
+                err = NoSuchBucket(f"bucket {self.bucket!r} does not exist")
+            raise err from None
+
+    def list(self, prefix: str, delimiter: str | None = "/", token: str | None = None,
+             max_keys: int = 1000) -> ListPage:
+        kw: dict = {"Bucket": self.bucket, "Prefix": prefix, "MaxKeys": max_keys}
+        if delimiter:
+            kw["Delimiter"] = delimiter
+        if token:
+            kw["ContinuationToken"] = token
+        try:
+            r = self._s3.list_objects_v2(**kw)
+        except Exception as exc:  # noqa: BLE001
+            raise self._error(exc, f"list {prefix!r}") from None
+        objects = [ObjectMeta(o["Key"], o["Size"], _etag(o.get("ETag", "")),
+                              o["LastModified"].timestamp()) for o in r.get("Contents", ())]
+        prefixes = [p["Prefix"] for p in r.get("CommonPrefixes", ())]
+        return ListPage(objects, prefixes,
+                        r.get("NextContinuationToken") if r.get("IsTruncated") else None)
+
+    def head(self, key: str) -> ObjectMeta:
+        try:
+            r = self._s3.head_object(Bucket=self.bucket, Key=key)
+        except Exception as exc:  # noqa: BLE001
+            raise self._error(exc, f"head {key!r}") from None
+        return ObjectMeta(key, r["ContentLength"], _etag(r["ETag"]), r["LastModified"].timestamp())
+
+    def get(self, key: str, start: int, length: int, etag: str | None) -> bytes:
+        kw: dict = {"Bucket": self.bucket, "Key": key, "Range": f"bytes={start}-{start + length - 1}"}
+        if etag:
+            kw["IfMatch"] = f'"{etag}"'
+        try:
+            r = self._s3.get_object(**kw)
+            data = r["Body"].read()
+        except Exception as exc:  # noqa: BLE001
+            raise self._error(exc, f"get {key!r} at {start}") from None
+        if etag and _etag(r.get("ETag", f'"{etag}"')) != etag:
+            raise PreconditionFailed(f"get {key!r}: object changed (ETag mismatch)")
+        if len(data) > length:
+            raise BackendError(f"get {key!r} at {start}: server sent {len(data)} bytes, "
+                               f"asked for {length}")
+        return data
+
+    def put(self, key: str, data: bytes) -> ObjectMeta:
+        try:
+            r = self._s3.put_object(Bucket=self.bucket, Key=key, Body=data)
+        except Exception as exc:  # noqa: BLE001
+            raise self._error(exc, f"put {key!r}") from None
+        return ObjectMeta(key, len(data), _etag(r["ETag"]), 0.0)
+
+    def delete(self, key: str) -> None:
+        try:
+            self._s3.delete_object(Bucket=self.bucket, Key=key)
+        except Exception as exc:  # noqa: BLE001
+            raise self._error(exc, f"delete {key!r}") from None

@@ -1,0 +1,212 @@
+"""ChunkCache: the memory tier in front of the disk tier, with heat and eviction.
+
+Contract (see docs/architecture.md, "Concurrency"):
+- everything here runs on the trio thread except DiskTier calls, which go to worker
+  threads; the in-memory index (`_index`) is only touched on the trio thread;
+- the index is persisted to LMDB in batches by `flush_index` (at most a second behind):
+  a crash loses recent index entries, whose files recovery then deletes as orphans;
+- a chunk whose blocks fail verification is dropped and reported as a miss, so the
+  caller fetches it again: the cache is a hint, never a source of wrong bytes.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Callable
+
+import trio
+
+from ..errors import CacheCorrupt
+from ..meta import ChunkRecord, MetaStore
+from ..metrics import Metrics
+from .disk import DiskTier
+from .evictor import Evictor
+from .heat import touched
+from .keys import ObjectVersion, chunk_name
+from .memory import MemoryTier
+
+log = logging.getLogger(__name__)
+
+__all__ = ["ChunkCache", "ObjectVersion"]
+
+
+class ChunkCache:
+    def __init__(self, meta: MetaStore, disk: DiskTier, memory: MemoryTier, evictor: Evictor,
+                 metrics: Metrics, *, clock: Callable[[], float] = time.time) -> None:
+        self.meta = meta
+        self.disk = disk
+        self.memory = memory
+        self.evictor = evictor
+        self.metrics = metrics
+        self.block_size = disk.block_size
+        self._clock = clock
+        self._index: dict[bytes, ChunkRecord] = {}
+        self._used = 0
+        self._writing: set[bytes] = set()
+        self._pending_puts: dict[bytes, ChunkRecord] = {}
+        self._pending_deletes: set[bytes] = set()
+        self._pending_objects: dict[bytes, dict] = {}
+        self._full_logged = False
+
+    # ---- start-up ------------------------------------------------------------------
+
+    def recover(self) -> tuple[int, int]:
+        """Reconcile index and disk (blocking; run before serving). Returns (kept, dropped)."""
+        present = self.disk.scan()
+        dropped = []
+        for key, rec in self.meta.chunks():
+            name = chunk_name(key)
+            if present.pop(name, None) == rec.length:
+                self._index[key] = rec
+                self._used += rec.length
+            else:
+                dropped.append(key)
+        for name in present:  # files the index never recorded (crash before a flush)
+            self.disk.delete_name(name)
+        self.meta.apply_chunks({}, dropped)
+        self._publish()
+        return len(self._index), len(dropped) + len(present)
+
+    # ---- reads ---------------------------------------------------------------------
+
+    def blocks_of(self, length: int) -> int:
+        return max(1, -(-length // self.block_size))
+
+    def memory_blocks(self, ckey: bytes, first: int, last: int) -> list[bytes] | None:
+        out = []
+        for b in range(first, last + 1):
+            data = self.memory.get((ckey, b))
+            if data is None:
+                return None
+            out.append(data)
+        return out
+
+    def touch(self, ckey: bytes) -> None:
+        rec = self._index.get(ckey)
+        if rec is not None:
+            now = self._clock()
+            rec.heat = touched(rec.heat, rec.last_access, now, self.evictor.half_life)
+            rec.last_access = now
+            self._pending_puts[ckey] = rec
+
+    def has(self, ckey: bytes) -> bool:
+        return ckey in self._index
+
+    async def read(self, ckey: bytes, first: int, last: int, *,
+                   touch: bool) -> tuple[list[bytes], str] | None:
+        """(blocks first..last of a chunk, "memory" | "disk"), or None on a miss."""
+        blocks = self.memory_blocks(ckey, first, last)
+        if blocks is not None:
+            self.metrics.cache_hits.labels("memory").inc()
+            if touch:
+                self.touch(ckey)
+            return blocks, "memory"
+        rec = self._index.get(ckey)
+        if rec is None:
+            self.metrics.cache_misses.inc()
+            return None
+        try:
+            blocks = await trio.to_thread.run_sync(self.disk.read_blocks, ckey, rec.length,
+                                                   rec.crcs, first, last)
+        except CacheCorrupt as exc:
+            log.warning("dropping cached chunk: %s", exc)
+            self.metrics.cache_corrupt.inc()
+            await self.drop(ckey)
+            self.metrics.cache_misses.inc()
+            return None
+        self.metrics.cache_hits.labels("disk").inc()
+        for b, data in zip(range(first, last + 1), blocks):
+            self.memory.put((ckey, b), data)
+        if touch:
+            self.touch(ckey)
+        self._publish()
+        return blocks, "disk"
+
+    # ---- fills and eviction --------------------------------------------------------
+
+    def remember(self, ckey: bytes, data: bytes) -> None:
+        """Put a freshly fetched chunk in the memory tier (synchronous, before any await)."""
+        bs = self.block_size
+        if len(data) <= bs:
+            self.memory.put((ckey, 0), data)
+            return
+        for b in range(self.blocks_of(len(data))):
+            self.memory.put((ckey, b), data[b * bs:(b + 1) * bs])
+
+    async def fill(self, obj: ObjectVersion, ckey: bytes, data: bytes) -> None:
+        """Write a freshly fetched chunk to the disk tier (the reader already has the bytes)."""
+        if ckey in self._index or ckey in self._writing:
+            return
+        self._writing.add(ckey)
+        try:
+            if not await self._make_room(len(data)):
+                return
+            crcs = await trio.to_thread.run_sync(self.disk.write, ckey, data)
+            now = self._clock()
+            rec = ChunkRecord(len(data), 1.0, now, crcs)
+            self._index[ckey] = rec
+            self._used += rec.length
+            self._pending_puts[ckey] = rec
+            self._pending_deletes.discard(ckey)
+            oid = ckey[:16]
+            self._pending_objects.setdefault(
+                oid, {"bucket": obj.bucket, "key": obj.key, "etag": obj.etag, "size": obj.size})
+        except OSError as exc:
+            # a full or failing cache disk must not fail the read: serve from memory only
+            log.warning("cannot write chunk to the cache dir: %s", exc)
+        finally:
+            self._writing.discard(ckey)
+            self._publish()
+
+    async def _make_room(self, incoming: int) -> bool:
+        victims, fits = self.evictor.victims(self._index, self._used, incoming, self._writing)
+        for key in victims:
+            await self.drop(key, evicted=True)
+        if not fits and not self._full_logged:
+            log.warning("cache budget exhausted (%d bytes used): serving without the disk tier",
+                        self._used)
+            self._full_logged = True
+        return fits
+
+    async def drop(self, ckey: bytes, *, evicted: bool = False) -> None:
+        rec = self._index.pop(ckey, None)
+        if rec is None:
+            return
+        self._used -= rec.length
+        self.memory.drop_chunk(ckey, self.blocks_of(rec.length))
+        self._pending_puts.pop(ckey, None)
+        self._pending_deletes.add(ckey)
+        if evicted:
+            self.metrics.cache_evictions.inc()
+        await trio.to_thread.run_sync(self.disk.delete, ckey)
+        self._publish()
+
+    # ---- persistence ---------------------------------------------------------------
+
+    async def flush_index(self) -> None:
+        if not (self._pending_puts or self._pending_deletes or self._pending_objects):
+            return
+        puts, dels, objs = self._pending_puts, self._pending_deletes, self._pending_objects
+        self._pending_puts, self._pending_deletes, self._pending_objects = {}, set(), {}
+        # records are copied so later touches do not race the worker thread's pack()
+        puts = {k: ChunkRecord(r.length, r.heat, r.last_access, r.crcs) for k, r in puts.items()}
+        await trio.to_thread.run_sync(self.meta.apply_chunks, puts, dels, objs)
+
+    async def run_flusher(self, interval_s: float = 1.0) -> None:
+        while True:
+            await trio.sleep(interval_s)
+            await self.flush_index()
+
+    def _publish(self) -> None:
+        self.metrics.cache_bytes.labels("disk").set(self._used)
+        self.metrics.cache_bytes.labels("memory").set(self.memory.bytes)
+
+    @property
+    def used_bytes(self) -> int:
+        return self._used
+
+    def budget(self) -> int:
+        b = self.evictor.budget(self._used)
+        self.metrics.cache_budget_bytes.set(b)
+        return b

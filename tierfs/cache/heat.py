@@ -1,0 +1,23 @@
+"""Heat: an exponentially decayed access count.
+
+heat(t) = heat(t0) * 2 ** (-(t - t0) / half_life), plus 1 per access. Ordering chunks by
+decayed heat at any instant is the same as ordering by log2(heat) + last_access/half_life,
+a value that does not change with time: eviction sorts on it without recomputing decay.
+"""
+
+from __future__ import annotations
+
+import math
+
+
+def decayed(heat: float, last_access: float, now: float, half_life: float) -> float:
+    return heat * 2.0 ** (-(max(0.0, now - last_access)) / half_life)
+
+
+def touched(heat: float, last_access: float, now: float, half_life: float) -> float:
+    return decayed(heat, last_access, now, half_life) + 1.0
+
+
+def eviction_order(heat: float, last_access: float, half_life: float) -> float:
+    """Smaller is colder. Time-invariant (see module doc)."""
+    return math.log2(max(heat, 1e-300)) + last_access / half_life

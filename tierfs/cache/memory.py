@@ -1,0 +1,33 @@
+"""The memory tier: a byte-bounded LRU of verified blocks in front of the disk tier.
+
+Keys are (chunk key, block number). Values are immutable bytes, so a reader may keep a
+reference after the entry is evicted. LRU suffices here: the disk tier's heat ordering
+is what protects the working set from scans; this tier only absorbs re-reads.
+"""
+
+from __future__ import annotations
+
+from cachetools import LRUCache
+
+
+class MemoryTier:
+    def __init__(self, capacity_bytes: int) -> None:
+        self.capacity = capacity_bytes
+        self._lru: LRUCache | None = (LRUCache(maxsize=capacity_bytes, getsizeof=len)
+                                      if capacity_bytes > 0 else None)
+
+    def get(self, key: tuple[bytes, int]) -> bytes | None:
+        return self._lru.get(key) if self._lru is not None else None
+
+    def put(self, key: tuple[bytes, int], data: bytes) -> None:
+        if self._lru is not None and len(data) <= self.capacity:
+            self._lru[key] = data
+
+    def drop_chunk(self, ckey: bytes, blocks: int) -> None:
+        if self._lru is not None:
+            for b in range(blocks):
+                self._lru.pop((ckey, b), None)
+
+    @property
+    def bytes(self) -> int:
+        return int(self._lru.currsize) if self._lru is not None else 0

@@ -1,0 +1,199 @@
+"""The `tierfs` command. Each subcommand is thin; errors are one line and a non-zero exit.
+
+`tierfs mount` without --foreground re-runs itself in the foreground as a detached child
+and waits on a pipe until the child says the mount answers (or why it failed), so the
+parent's exit status tells whether the mount is usable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import subprocess
+import sys
+import time
+from typing import NoReturn
+
+from .config import MountConfig, build_config, parse_o_options
+from .errors import TierfsError
+
+# (flag, dest, help); every value is validated in config.build_config
+_MOUNT_OPTIONS = [
+    ("--endpoint-url", "endpoint_url", "S3 endpoint, e.g. http://127.0.0.1:7480 (Ceph RGW)"),
+    ("--region", "region", "S3 region"),
+    ("--cache-dir", "cache_dir", "cache directory on local NVMe (default /var/cache/tierfs/ID)"),
+    ("--cache-size", "cache_size", "disk cache budget, e.g. 500G (default 10G)"),
+    ("--memory-cache-size", "memory_cache_size", "memory tier size (default 256M)"),
+    ("--chunk-size", "chunk_size", "chunk size, a power of two (default 8M)"),
+    ("--metadata-ttl", "metadata_ttl", "how long listings and attributes are trusted (default 60s)"),
+    ("--metrics-addr", "metrics_addr", "serve Prometheus metrics on HOST:PORT"),
+    ("--min-free-ratio", "min_free_ratio", "keep this fraction of the cache filesystem free (0.10)"),
+    ("--readahead-chunks", "readahead_chunks", "chunks read ahead of a sequential reader (8)"),
+    ("--backend-concurrency", "backend_concurrency", "parallel requests to the backend (16)"),
+    ("--log-level", "log_level", "debug, info, warning or error (default info)"),
+    ("--log-file", "log_file", "log here (default: stderr; in the background CACHE_DIR/tierfs.log)"),
+]
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        sys.stderr.write(f"tierfs: error: {message} (see 'tierfs {self.prog.split()[-1]} --help')\n")
+        sys.exit(2)
+
+
+def _fail(message: str, code: int = 1) -> NoReturn:
+    sys.stderr.write(f"tierfs: error: {message}\n")
+    sys.exit(code)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="tierfs", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    m = sub.add_parser("mount", help="mount a bucket")
+    m.add_argument("source", help="s3://BUCKET[/PREFIX] or file:///DIR")
+    m.add_argument("mountpoint")
+    for flag, dest, help_ in _MOUNT_OPTIONS:
+        m.add_argument(flag, dest=dest, help=help_)
+    m.add_argument("--allow-other", dest="allow_other", action="store_true", default=None,
+                   help="let other users access the mount")
+    m.add_argument("--read-only", dest="read_only", action="store_true", default=None)
+    m.add_argument("-o", dest="o", action="append", default=[], metavar="KEY=VALUE,...",
+                   help="options as fstab passes them (same names, underscores or dashes)")
+    m.add_argument("-f", "--foreground", action="store_true", help="do not daemonize")
+    m.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
+    u = sub.add_parser("unmount", help="unmount and wait for the daemon to finish")
+    u.add_argument("mountpoint")
+    u.add_argument("--timeout", type=float, default=60.0, help="seconds to wait (default 60)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = _parser().parse_args(argv)
+    try:
+        if args.command == "mount":
+            _mount(args, argv)
+        elif args.command == "unmount":
+            _unmount(args.mountpoint, args.timeout)
+    except TierfsError as exc:
+        _fail(str(exc))
+    except KeyboardInterrupt:
+        _fail("interrupted", 130)
+
+
+def _config(args: argparse.Namespace) -> MountConfig:
+    options: dict[str, object] = parse_o_options(args.o)
+    for _, dest, _ in _MOUNT_OPTIONS:
+        if getattr(args, dest) is not None:
+            options[dest] = getattr(args, dest)
+    for flag in ("allow_other", "read_only"):
+        if getattr(args, flag):
+            options[flag] = True
+    return build_config(args.source, args.mountpoint, options)
+
+
+def _setup_logging(cfg: MountConfig, background: bool) -> None:
+    handler: logging.Handler
+    log_file = cfg.log_file or (os.path.join(cfg.effective_cache_dir, "tierfs.log")
+                                if background else None)
+    if log_file:
+        os.makedirs(os.path.dirname(log_file) or ".", exist_ok=True)
+        handler = logging.FileHandler(log_file)
+    else:
+        handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(cfg.log_level.upper())
+    # botocore logs request details (never credentials) at DEBUG; keep it quiet otherwise
+    for noisy in ("botocore", "boto3", "urllib3", "s3transfer"):
+        logging.getLogger(noisy).setLevel(max(logging.WARNING, root.level))
+
+
+def _mount(args: argparse.Namespace, argv: list[str] | None) -> None:
+    cfg = _config(args)
+    if not args.foreground:
+        _spawn_background(cfg, sys.argv[1:] if argv is None else argv)
+        return
+    _setup_logging(cfg, background=args.ready_fd is not None)
+    import trio
+
+    from .daemon import pid_file, serve
+
+    ready_fd = args.ready_fd
+
+    def on_ready() -> None:
+        _write_pid(pid_file(cfg.mountpoint))
+        logging.getLogger("tierfs").info("mounted %s on %s", cfg.source, cfg.mountpoint)
+        if ready_fd is not None:
+            os.write(ready_fd, b"READY\n")
+            os.close(ready_fd)
+
+    try:
+        trio.run(serve, cfg, on_ready)
+    except TierfsError as exc:
+        logging.getLogger("tierfs").error("%s", exc)
+        if ready_fd is not None:
+            os.write(ready_fd, f"ERROR {exc}\n".encode())
+            sys.exit(1)
+        raise
+    finally:
+        try:
+            os.unlink(pid_file(cfg.mountpoint))
+        except OSError:
+            pass
+
+
+def _write_pid(path: str) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        f.write(f"{os.getpid()}\n")
+
+
+def _spawn_background(cfg: MountConfig, argv: list[str]) -> None:
+    r, w = os.pipe()
+    cmd = [sys.executable, "-m", "tierfs", *argv, "--foreground", "--ready-fd", str(w)]
+    os.makedirs(cfg.effective_cache_dir, exist_ok=True)
+    child = subprocess.Popen(cmd, pass_fds=(w,), stdin=subprocess.DEVNULL,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                             start_new_session=True)
+    os.close(w)
+    with os.fdopen(r, "rb") as pipe:
+        line = pipe.readline().decode(errors="replace").strip()
+    if line == "READY":
+        return
+    if line.startswith("ERROR "):
+        _fail(line[len("ERROR "):])
+    rc = child.wait()
+    log_file = cfg.log_file or os.path.join(cfg.effective_cache_dir, "tierfs.log")
+    _fail(f"the tierfs daemon exited with status {rc} before the mount was ready; see {log_file}")
+
+
+def _unmount(mountpoint: str, timeout: float) -> None:
+    from .daemon import pid_file
+
+    mp = os.path.abspath(mountpoint)
+    if not os.path.ismount(mp):
+        _fail(f"{mp} is not mounted")
+    pid = None
+    try:
+        with open(pid_file(mp)) as f:
+            pid = int(f.read().strip())
+    except (OSError, ValueError):
+        pass
+    r = subprocess.run(["fusermount3", "-u", mp], capture_output=True, text=True)
+    if r.returncode != 0:
+        _fail(r.stderr.strip().splitlines()[-1] if r.stderr.strip() else f"cannot unmount {mp}")
+    deadline = time.monotonic() + timeout
+    while pid is not None and _alive(pid):
+        if time.monotonic() > deadline:
+            _fail(f"unmounted {mp}, but the daemon (pid {pid}) is still finishing")
+        time.sleep(0.05)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False

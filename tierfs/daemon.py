@@ -1,0 +1,166 @@
+"""The composition root: checks, builds the object graph, mounts, runs, unmounts.
+
+Start-up order matters: everything that can fail because of the user's input (mount
+point, cache dir, bucket, credentials) is checked before the mount exists, so a failure
+is one message and nothing to clean up. The mount is reported ready only once a stat of
+the mount point has gone through the kernel and back.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import hashlib
+import logging
+import os
+import signal
+from typing import Callable
+
+import pyfuse3
+import trio
+
+from .backend import open_backend
+from .backend.runner import AsyncBackend
+from .cache import ChunkCache
+from .cache.disk import DiskTier
+from .cache.evictor import Evictor
+from .cache.memory import MemoryTier
+from .config import MountConfig
+from .errors import BackendError, StartupError
+from .fetch import Fetcher
+from .fileio import FileIO
+from .fs import FuseOps
+from .meta import MetaStore
+from .metrics import Metrics
+from .namespace import Namespace
+from .prefetch import Prefetcher
+
+log = logging.getLogger(__name__)
+
+RUN_DIR = "/run/tierfs"
+BLOCK_SIZE = 256 << 10  # checksum and memory-tier unit: a 4 KiB read verifies 256 KiB
+
+
+def pid_file(mountpoint: str) -> str:
+    return os.path.join(RUN_DIR, hashlib.sha256(mountpoint.encode()).hexdigest()[:16] + ".pid")
+
+
+def check_mountpoint(path: str) -> None:
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise StartupError(f"mount point {path} does not exist") from None
+    except OSError as exc:
+        if exc.errno == errno.ENOTCONN:
+            raise StartupError(f"mount point {path} is a stale FUSE mount: run "
+                               f"'fusermount3 -u {path}' first") from None
+        raise StartupError(f"mount point {path}: {exc.strerror}") from None
+    if not os.path.isdir(path):
+        raise StartupError(f"mount point {path} is not a directory")
+    if os.path.ismount(path):
+        raise StartupError(f"mount point {path} is already mounted")
+    if os.listdir(path):
+        raise StartupError(f"mount point {path} is not empty")
+    del st
+
+
+def lock_cache_dir(path: str) -> int:
+    """Create, check and lock the cache dir; returns the lock fd (held for life)."""
+    try:
+        os.makedirs(path, exist_ok=True)
+        probe = os.path.join(path, ".write-test")
+        with open(probe, "wb") as f:
+            f.write(b"ok")
+        os.unlink(probe)
+    except OSError as exc:
+        raise StartupError(f"cache dir {path} is not writable: {exc.strerror}") from None
+    fd = os.open(os.path.join(path, "lock"), os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        owner = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+        os.close(fd)
+        raise StartupError(f"cache dir {path} is in use by another tierfs (pid {owner})") from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
+
+
+def _raise_read_ahead(mountpoint: str, kib: int = 1024) -> None:
+    """Ask the kernel for 1 MiB read-ahead on this mount (default 128 KiB): root only."""
+    dev = os.stat(mountpoint).st_dev
+    path = f"/sys/class/bdi/{os.major(dev)}:{os.minor(dev)}/read_ahead_kb"
+    try:
+        with open(path, "w") as f:
+            f.write(str(kib))
+    except OSError as exc:
+        log.info("could not raise read_ahead_kb (%s): reads stay at the kernel default", exc)
+
+
+async def serve(cfg: MountConfig, on_ready: Callable[[], None]) -> None:
+    check_mountpoint(cfg.mountpoint)
+    cache_dir = cfg.effective_cache_dir
+    lock_fd = lock_cache_dir(cache_dir)
+    metrics = Metrics()
+    backend = AsyncBackend(open_backend(cfg), metrics, concurrency=cfg.backend_concurrency,
+                           background=cfg.readahead_chunks)
+    try:
+        await backend.check()
+    except BackendError as exc:
+        raise StartupError(str(exc)) from None
+    meta = MetaStore(os.path.join(cache_dir, "index"), str(cfg.source))
+    disk = DiskTier(cache_dir, BLOCK_SIZE)
+    evictor = Evictor(cache_dir, cache_size=cfg.cache_size, min_free_ratio=cfg.min_free_ratio,
+                      high=cfg.evict_high, low=cfg.evict_low, half_life=cfg.heat_half_life)
+    cache = ChunkCache(meta, disk, MemoryTier(cfg.memory_cache_size), evictor, metrics)
+    kept, dropped = await trio.to_thread.run_sync(cache.recover)
+    log.info("cache dir %s: %d chunks (%d bytes) kept, %d dropped", cache_dir, kept,
+             cache.used_bytes, dropped)
+    if cfg.metrics_addr:
+        try:
+            metrics.serve(cfg.metrics_addr)
+        except OSError as exc:
+            raise StartupError(f"cannot serve metrics on {cfg.metrics_addr[0]}:"
+                               f"{cfg.metrics_addr[1]}: {exc.strerror}") from None
+    try:
+        async with trio.open_nursery() as nursery:
+            fetcher = Fetcher(backend, cache, cfg.chunk_size, nursery)
+            prefetcher = Prefetcher(fetcher, cache, metrics, nursery,
+                                    max_window=cfg.readahead_chunks,
+                                    max_queued=2 * cfg.readahead_chunks)
+            ns = Namespace(meta, backend, metrics, root_prefix=cfg.source.prefix,
+                           ttl_s=cfg.metadata_ttl)
+            fileio = FileIO(ns, cache, fetcher, prefetcher, metrics, bucket=cfg.source.bucket)
+            ops = FuseOps(cfg, ns, fileio, cache, metrics)
+            options = set(pyfuse3.default_options)
+            options |= {"fsname=tierfs", "subtype=tierfs", "default_permissions", "ro"}
+            if cfg.allow_other:
+                options.add("allow_other")
+            pyfuse3.init(ops, cfg.mountpoint, options)
+            try:
+                nursery.start_soon(cache.run_flusher)
+                nursery.start_soon(_stop_on_signal)
+                nursery.start_soon(_announce_ready, cfg.mountpoint, on_ready)
+                await pyfuse3.main()
+                nursery.cancel_scope.cancel()
+            finally:
+                pyfuse3.close(unmount=True)
+    finally:
+        with trio.CancelScope(shield=True):
+            await cache.flush_index()
+        meta.close()
+        os.close(lock_fd)
+        log.info("unmounted %s", cfg.mountpoint)
+
+
+async def _announce_ready(mountpoint: str, on_ready: Callable[[], None]) -> None:
+    await trio.to_thread.run_sync(_raise_read_ahead, mountpoint)
+    on_ready()
+
+
+async def _stop_on_signal() -> None:
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
+        async for sig in signals:
+            log.info("signal %s: unmounting", signal.Signals(sig).name)
+            pyfuse3.terminate()
+            return

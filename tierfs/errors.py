@@ -1,0 +1,73 @@
+"""The one error taxonomy of tierfs.
+
+Every error the core raises on purpose is a TierfsError carrying the errno the FUSE
+adapter should answer with. Only tierfs.fs turns these into pyfuse3.FUSEError; the CLI
+turns UsageError / StartupError into one line on stderr. Anything else that escapes is
+a bug: the adapter logs it with its traceback and answers EIO.
+"""
+
+from __future__ import annotations
+
+import errno
+
+
+class TierfsError(Exception):
+    errno: int = errno.EIO
+
+
+class UsageError(TierfsError):
+    """Bad command line, option value or configuration: the user must fix the input."""
+
+    errno = errno.EINVAL
+
+
+class StartupError(TierfsError):
+    """The mount cannot start (bucket missing, mount point busy, cache dir unwritable...)."""
+
+
+class NotFound(TierfsError):
+    errno = errno.ENOENT
+
+
+class ReadOnly(TierfsError):
+    errno = errno.EROFS
+
+
+class IsADirectory(TierfsError):
+    errno = errno.EISDIR
+
+
+class NotADirectory(TierfsError):
+    errno = errno.ENOTDIR
+
+
+class BackendError(TierfsError):
+    """The object store failed after botocore's own retries."""
+
+    errno = errno.EIO
+
+
+class BackendUnavailable(BackendError):
+    """Endpoint unreachable or timing out."""
+
+
+class AccessDenied(BackendError):
+    errno = errno.EACCES
+
+
+class NoSuchBucket(BackendError):
+    errno = errno.ENOENT
+
+
+class PreconditionFailed(BackendError):
+    """If-Match failed: the object changed since its ETag was cached."""
+
+
+class StaleObject(TierfsError):
+    """An open file's object was replaced after bytes of the old version were served."""
+
+    errno = errno.ESTALE
+
+
+class CacheCorrupt(TierfsError):
+    """A disk-tier chunk failed its checksum or is missing; the caller refetches it."""

@@ -1,0 +1,72 @@
+"""Fetcher: gets chunks from the backend exactly once, however many readers want them.
+
+Singleflight: the first caller for a chunk fetches it; later callers wait for that flight
+and take its bytes. If the first caller fails or is cancelled, each waiter tries for
+itself, so a cancelled FUSE request never strands the others. Ranged GETs carry If-Match
+on the ETag the chunk key was made from, so a chunk is always bytes of that version.
+The peer tier (chunks from other nodes) will slot in here, before the backend.
+"""
+
+from __future__ import annotations
+
+import trio
+
+from .backend.runner import AsyncBackend
+from .cache import ChunkCache, ObjectVersion
+from .errors import PreconditionFailed
+
+
+class _Flight:
+    def __init__(self) -> None:
+        self.done = trio.Event()
+        self.data: bytes | None = None
+
+
+class Fetcher:
+    def __init__(self, backend: AsyncBackend, cache: ChunkCache, chunk_size: int,
+                 nursery: trio.Nursery, *, disk_writers: int = 4) -> None:
+        self.backend = backend
+        self.cache = cache
+        self.chunk_size = chunk_size
+        self._nursery = nursery
+        self._flights: dict[bytes, _Flight] = {}
+        # bounds the fetched bytes waiting for the disk tier: backpressure, not a pile-up
+        self._disk_writes = trio.Semaphore(disk_writers)
+
+    def chunk_length(self, obj: ObjectVersion, index: int) -> int:
+        return max(0, min(self.chunk_size, obj.size - index * self.chunk_size))
+
+    def in_flight(self, ckey: bytes) -> bool:
+        return ckey in self._flights
+
+    async def chunk(self, obj: ObjectVersion, index: int, *, background: bool = False) -> bytes:
+        ckey = obj.chunk_key(index)
+        while True:
+            flight = self._flights.get(ckey)
+            if flight is None:
+                break
+            await flight.done.wait()
+            if flight.data is not None:
+                return flight.data
+        flight = self._flights[ckey] = _Flight()
+        try:
+            data = await self.backend.get(obj.key, index * self.chunk_size,
+                                          self.chunk_length(obj, index), obj.etag,
+                                          background=background)
+            if len(data) != self.chunk_length(obj, index):
+                # a shorter or longer body than the listed size: the object changed
+                raise PreconditionFailed(f"get {obj.key!r}: size differs from the listing")
+            self.cache.remember(ckey, data)
+            flight.data = data
+        finally:
+            del self._flights[ckey]
+            flight.done.set()
+        await self._disk_writes.acquire()
+        self._nursery.start_soon(self._store, obj, ckey, data)
+        return data
+
+    async def _store(self, obj: ObjectVersion, ckey: bytes, data: bytes) -> None:
+        try:
+            await self.cache.fill(obj, ckey, data)
+        finally:
+            self._disk_writes.release()

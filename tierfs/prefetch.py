@@ -1,0 +1,83 @@
+"""Read-ahead: detects sequential readers and brings the next chunks in ahead of them.
+
+A handle whose reads continue where the last one ended is sequential; its window starts
+at one chunk and doubles up to readahead_chunks. Upcoming chunks that are on disk are
+loaded into the memory tier, the others fetched from the backend at background priority.
+`on_read` never blocks a reader: when more than `max_queued` chunks are already being
+read ahead, new requests are dropped (and counted), not queued.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import trio
+
+from .cache import ChunkCache, ObjectVersion
+from .errors import TierfsError
+from .fetch import Fetcher
+from .metrics import Metrics
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ReadPattern:
+    next_offset: int = 0
+    window: int = 0  # chunks to keep ahead; 0 = not sequential
+    ahead_to: int = 0  # first chunk index not yet requested
+
+
+class Prefetcher:
+    def __init__(self, fetcher: Fetcher, cache: ChunkCache, metrics: Metrics,
+                 nursery: trio.Nursery, *, max_window: int, max_queued: int) -> None:
+        self.fetcher = fetcher
+        self.cache = cache
+        self.metrics = metrics
+        self._nursery = nursery
+        self.max_window = max_window
+        self.max_queued = max_queued
+        self._active: set[bytes] = set()
+
+    def on_read(self, obj: ObjectVersion, pat: ReadPattern, offset: int, end: int) -> None:
+        cs = self.fetcher.chunk_size
+        # small slop: the kernel may skip or re-issue a few pages at readahead boundaries
+        if pat.next_offset and abs(offset - pat.next_offset) <= 128 << 10 or offset == 0:
+            pat.window = min(self.max_window, max(1, pat.window * 2))
+        else:
+            pat.window = 0
+            pat.ahead_to = 0
+        pat.next_offset = end
+        if pat.window == 0:
+            return
+        current = offset // cs
+        last = (obj.size - 1) // cs
+        start = max(current + 1, pat.ahead_to)
+        stop = min(last, current + pat.window)
+        for index in range(start, stop + 1):
+            ckey = obj.chunk_key(index)
+            if ckey in self._active or self.fetcher.in_flight(ckey):
+                continue
+            if len(self._active) >= self.max_queued:
+                self.metrics.prefetch_dropped.inc()
+                return
+            pat.ahead_to = index + 1
+            if self.cache.memory_blocks(ckey, 0, 0) is not None:
+                continue
+            self._active.add(ckey)
+            self._nursery.start_soon(self._bring, obj, index, ckey)
+
+    async def _bring(self, obj: ObjectVersion, index: int, ckey: bytes) -> None:
+        try:
+            length = self.fetcher.chunk_length(obj, index)
+            if self.cache.has(ckey):
+                last_block = self.cache.blocks_of(length) - 1
+                if await self.cache.read(ckey, 0, last_block, touch=False) is not None:
+                    return
+            await self.fetcher.chunk(obj, index, background=True)
+        except TierfsError as exc:
+            # the reader will meet the same error on its own request and report it
+            log.debug("read-ahead of %s chunk %d failed: %s", obj.key, index, exc)
+        finally:
+            self._active.discard(ckey)
