@@ -45,7 +45,11 @@ class FileIO:
         self.chunk_size = fetcher.chunk_size
         self._handles: dict[int, OpenFile] = {}
         self._next_fh = itertools.count(1)
+        # ETag of each inode's newest open: a handle on another ETag is an older version
         self._opened_etag: dict[int, str] = {}
+        # inodes whose kernel-cached size or pages may belong to another version: an old
+        # handle's short read at its EOF makes the kernel shrink the file's size
+        self._kernel_stale: set[int] = set()
 
     async def open(self, ino: int) -> tuple[OpenFile, bool]:
         """Open a file: (handle, whether the kernel may keep its cached pages)."""
@@ -55,8 +59,9 @@ class FileIO:
         node = await self.ns.revalidate(node)
         h = OpenFile(next(self._next_fh), node, self._version(node))
         self._handles[h.fh] = h
-        keep = self._opened_etag.get(ino) == node.etag
+        keep = self._opened_etag.get(ino) == node.etag and ino not in self._kernel_stale
         self._opened_etag[ino] = node.etag
+        self._kernel_stale.discard(ino)
         return h, keep
 
     def _version(self, node: Inode) -> ObjectVersion:
@@ -70,6 +75,12 @@ class FileIO:
 
     async def read(self, fh: int, offset: int, size: int) -> bytes:
         h = self._handles[fh]
+        newest = self._opened_etag.get(h.node.ino)
+        if newest != h.obj.etag:
+            self._kernel_stale.add(h.node.ino)
+            if not h.served:  # nothing of the old version served yet: move to the newest
+                node = self.ns.inode(h.node.ino)
+                h.node, h.obj = node, self._version(node)
         try:
             return await self._read(h, offset, size)
         except PreconditionFailed:

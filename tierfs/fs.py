@@ -16,6 +16,7 @@ import time
 from typing import Any, Callable
 
 import pyfuse3
+import trio
 
 from .cache import ChunkCache
 from .config import MountConfig
@@ -138,6 +139,14 @@ class FuseOps(pyfuse3.Operations):
         if flags & (os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND):
             raise ReadOnly("writes are not supported yet")
         h, keep = await self.io.open(inode)
+        if not keep:
+            # the kernel may hold the size of an older version from its last lookup; make it
+            # ask again, or reads would stop at the old size. Attribute-only invalidation
+            # takes no lock that this open holds, so it is safe before we reply.
+            try:
+                await trio.to_thread.run_sync(pyfuse3.invalidate_inode, inode, True)
+            except OSError:
+                pass  # the kernel forgot the inode: nothing cached to correct
         return pyfuse3.FileInfo(fh=h.fh, keep_cache=keep)
 
     @_op("read")

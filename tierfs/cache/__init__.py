@@ -110,9 +110,10 @@ class ChunkCache:
             blocks = await trio.to_thread.run_sync(self.disk.read_blocks, ckey, rec.length,
                                                    rec.crcs, first, last)
         except CacheCorrupt as exc:
-            log.warning("dropping cached chunk: %s", exc)
-            self.metrics.cache_corrupt.inc()
-            await self.drop(ckey)
+            if self._index.get(ckey) is rec:  # a concurrent reader may have dropped it already
+                log.warning("dropping cached chunk: %s", exc)
+                self.metrics.cache_corrupt.inc()
+                await self.drop(ckey)
             self.metrics.cache_misses.inc()
             return None
         self.metrics.cache_hits.labels("disk").inc()
