@@ -79,6 +79,9 @@ def main(argv: list[str] | None = None) -> None:
         _fail(str(exc))
     except KeyboardInterrupt:
         _fail("interrupted", 130)
+    except OSError as exc:  # an environment problem we did not foresee: still one line
+        where = f": {exc.filename}" if exc.filename else ""
+        _fail(f"{exc.strerror or exc}{where}")
 
 
 def _config(args: argparse.Namespace) -> MountConfig:
@@ -151,9 +154,13 @@ def _write_pid(path: str) -> None:
 
 
 def _spawn_background(cfg: MountConfig, argv: list[str]) -> None:
+    from .daemon import check_mountpoint, prepare_cache_dir
+
+    # the child checks again, but input errors are reported fastest from here
+    check_mountpoint(cfg.mountpoint)
+    prepare_cache_dir(cfg.effective_cache_dir)
     r, w = os.pipe()
     cmd = [sys.executable, "-m", "tierfs", *argv, "--foreground", "--ready-fd", str(w)]
-    os.makedirs(cfg.effective_cache_dir, exist_ok=True)
     child = subprocess.Popen(cmd, pass_fds=(w,), stdin=subprocess.DEVNULL,
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                              start_new_session=True)

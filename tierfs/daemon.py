@@ -64,8 +64,8 @@ def check_mountpoint(path: str) -> None:
     del st
 
 
-def lock_cache_dir(path: str) -> int:
-    """Create, check and lock the cache dir; returns the lock fd (held for life)."""
+def prepare_cache_dir(path: str) -> None:
+    """Create the cache dir and prove it is writable."""
     try:
         os.makedirs(path, exist_ok=True)
         probe = os.path.join(path, ".write-test")
@@ -74,6 +74,11 @@ def lock_cache_dir(path: str) -> int:
         os.unlink(probe)
     except OSError as exc:
         raise StartupError(f"cache dir {path} is not writable: {exc.strerror}") from None
+
+
+def lock_cache_dir(path: str) -> int:
+    """Lock the cache dir for this daemon; returns the lock fd (held for life)."""
+    prepare_cache_dir(path)
     fd = os.open(os.path.join(path, "lock"), os.O_RDWR | os.O_CREAT, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
