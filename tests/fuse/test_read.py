@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import os
 import random
+import signal
 import threading
 import time
 
@@ -177,3 +178,17 @@ def test_read_only_mount_refuses_writes(rgw, bucket, tmp_path):
                 action()
             assert exc.value.errno == errno.EROFS
         assert (m.path / "a.txt").read_bytes() == b"a"
+
+
+def test_sigterm_unmounts_cleanly_and_keeps_the_cache(rgw, bucket, tmp_path):
+    data = payload("term", 2 * MiB)
+    put_many(rgw.client(), bucket, {"t.bin": data})
+    m = Mount(rgw, f"s3://{bucket}", tmp_path / "mnt", tmp_path / "cache")
+    assert (m.path / "t.bin").read_bytes() == data
+    m.proc.send_signal(signal.SIGTERM)
+    assert m.proc.wait(timeout=30) == 0
+    assert not os.path.ismount(m.path)
+    m.stop()
+    with Mount(rgw, f"s3://{bucket}", tmp_path / "mnt", tmp_path / "cache") as m2:
+        assert (m2.path / "t.bin").read_bytes() == data
+        assert m2.counter("tierfs_backend_requests_total", op="get") == 0
