@@ -1,0 +1,38 @@
+"""Shared fixtures. Helpers live in tests/rgw.py (Ceph RGW, s3_env) and tests/mounting.py
+(Mount: a tierfs mount in a subprocess, with its metrics and log).
+
+  rgw     (session) a running throw-away Ceph RGW: .endpoint .access_key .secret_key .region
+          .dir .client() -> boto3 S3 client, .env() -> s3_env(rgw)
+  bucket  (function) name of a fresh, empty, uniquely named bucket on `rgw`; emptied and
+          deleted afterwards
+"""
+
+import os
+import sys
+import uuid
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # `import rgw, mounting`
+
+from rgw import delete_bucket, start_rgw  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def rgw():
+    server = start_rgw(memstore_bytes=3 << 30)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def bucket(rgw):
+    client = rgw.client()
+    name = f"test-{uuid.uuid4().hex[:20]}"
+    client.create_bucket(Bucket=name)
+    try:
+        yield name
+    finally:
+        delete_bucket(client, name)
