@@ -16,7 +16,7 @@ from urllib.parse import urlparse
 
 from .errors import UsageError
 
-_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgtp]?)(i?b?)\s*$", re.IGNORECASE)
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(?:([kmgtp])i?)?b?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40, "p": 1 << 50}
 _DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$", re.IGNORECASE)
 _SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -29,7 +29,7 @@ def parse_size(text: str | int, name: str = "size") -> int:
     m = _SIZE_RE.match(str(text))
     if not m:
         raise UsageError(f"invalid {name} {text!r}: expected a size like 512M, 8MiB or 500G")
-    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+    return int(float(m.group(1)) * _UNITS[(m.group(2) or "").lower()])
 
 
 def parse_duration(text: str | float, name: str = "duration") -> float:
@@ -142,6 +142,14 @@ class MountConfig:
             raise bad("readahead_chunks", "must be between 1 and 64")
         if not 1 <= self.backend_concurrency <= 256:
             raise bad("backend_concurrency", "must be between 1 and 256")
+        if self.backend_timeout <= 0:
+            raise bad("backend_timeout", "must be positive")
+        if not 1 <= self.backend_retries <= 20:
+            raise bad("backend_retries", "must be between 1 and 20")
+        if self.uid < 0 or self.gid < 0:
+            raise bad("uid/gid", "must not be negative")
+        if not (0 <= self.file_mode <= 0o7777 and 0 <= self.dir_mode <= 0o7777):
+            raise bad("file_mode/dir_mode", "must be octal permissions like 0644")
         if self.log_level.lower() not in ("debug", "info", "warning", "error"):
             raise bad("log_level", "one of debug, info, warning, error")
         if self.endpoint_url is not None:
@@ -223,6 +231,8 @@ def build_config(source: str, mountpoint: str, options: dict[str, object]) -> Mo
             continue
         if key not in names:
             raise UsageError(f"unknown option {key!r}")
+        if value is True and key not in ("allow_other", "read_only"):
+            raise UsageError(f"option {key.replace('_', '-')} needs a value")
         kwargs[key] = _convert(key, value)
     if not mountpoint:
         raise UsageError("missing MOUNTPOINT")

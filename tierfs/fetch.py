@@ -58,10 +58,18 @@ class Fetcher:
                 raise PreconditionFailed(f"get {obj.key!r}: size differs from the listing")
             self.cache.remember(ckey, data)
             flight.data = data
-        finally:
+        except BaseException:
             del self._flights[ckey]
+            raise
+        finally:
             flight.done.set()
-        await self._disk_writes.acquire()
+        # the flight (holding the bytes) stays until the disk tier has the chunk: with a
+        # small or no memory tier, a reader arriving meanwhile must not fetch it again
+        try:
+            await self._disk_writes.acquire()
+        except BaseException:
+            del self._flights[ckey]
+            raise
         self._nursery.start_soon(self._store, obj, ckey, data)
         return data
 
@@ -69,4 +77,5 @@ class Fetcher:
         try:
             await self.cache.fill(obj, ckey, data)
         finally:
+            self._flights.pop(ckey, None)
             self._disk_writes.release()

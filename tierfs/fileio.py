@@ -109,8 +109,7 @@ class FileIO:
             ckey = obj.chunk_key(index)
             hit = await self.cache.read(ckey, first, last, touch=index not in h.touched)
             if hit is not None:
-                blocks, source = hit
-                data = blocks[0] if len(blocks) == 1 else b"".join(blocks)
+                data, source = hit
                 skip = first * bs
                 pieces.append(data[lo - skip:hi - skip])
             else:
@@ -120,4 +119,4 @@ class FileIO:
             h.touched.add(index)
             self.metrics.read_bytes.labels(source).inc(hi - lo)
         h.served = True
-        return pieces[0] if len(pieces) == 1 else b"".join(pieces)
+        return bytes(pieces[0]) if len(pieces) == 1 else b"".join(pieces)

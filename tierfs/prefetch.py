@@ -63,7 +63,7 @@ class Prefetcher:
                 self.metrics.prefetch_dropped.inc()
                 return
             pat.ahead_to = index + 1
-            if self.cache.memory_blocks(ckey, 0, 0) is not None:
+            if self.cache.in_memory(ckey, 0, 0) is not None:
                 continue
             self._active.add(ckey)
             self._nursery.start_soon(self._bring, obj, index, ckey)

@@ -28,8 +28,9 @@ class FileBackend:
         return os.path.join(self.root, *parts)
 
     def _meta(self, key: str, st: os.stat_result) -> ObjectMeta:
-        etag = f"{st.st_mtime_ns:x}-{st.st_size:x}-{st.st_ino:x}"
-        return ObjectMeta(key, st.st_size, etag, st.st_mtime)
+        size = 0 if key.endswith("/") else st.st_size  # a marker is a zero-byte object
+        etag = f"{st.st_mtime_ns:x}-{size:x}-{st.st_ino:x}"
+        return ObjectMeta(key, size, etag, st.st_mtime)
 
     def check(self) -> None:
         if not os.path.isdir(self.root):
@@ -86,8 +87,9 @@ class FileBackend:
             st = os.stat(self._path(key))
         except (FileNotFoundError, NotADirectoryError):
             raise NotFound(f"head {key!r}: not found") from None
-        if key.endswith("/") != os.path.isdir(self._path(key)):
-            raise NotFound(f"head {key!r}: not found")
+        path = self._path(key)
+        if key.endswith("/") != os.path.isdir(path) or (key.endswith("/") and os.listdir(path)):
+            raise NotFound(f"head {key!r}: not found")  # only an empty dir stands for a marker
         return self._meta(key, st)
 
     def get(self, key: str, start: int, length: int, etag: str | None) -> bytes:

@@ -24,7 +24,7 @@ from .disk import DiskTier
 from .evictor import Evictor
 from .heat import touched
 from .keys import ObjectVersion, chunk_name
-from .memory import MemoryTier
+from .memory import WHOLE, MemoryTier
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +44,7 @@ class ChunkCache:
         self._index: dict[bytes, ChunkRecord] = {}
         self._used = 0
         self._writing: set[bytes] = set()
+        self._reserved = 0  # bytes of chunks being written, already counted against the budget
         self._pending_puts: dict[bytes, ChunkRecord] = {}
         self._pending_deletes: set[bytes] = set()
         self._pending_objects: dict[bytes, dict] = {}
@@ -57,11 +58,14 @@ class ChunkCache:
         dropped = []
         for key, rec in self.meta.chunks():
             name = chunk_name(key)
-            if present.pop(name, None) == rec.length:
+            size = present.pop(name, None)
+            if size == rec.length:
                 self._index[key] = rec
                 self._used += rec.length
-            else:
-                dropped.append(key)
+                continue
+            dropped.append(key)
+            if size is not None:
+                self.disk.delete_name(name)
         for name in present:  # files the index never recorded (crash before a flush)
             self.disk.delete_name(name)
         self.meta.apply_chunks({}, dropped)
@@ -73,14 +77,19 @@ class ChunkCache:
     def blocks_of(self, length: int) -> int:
         return max(1, -(-length // self.block_size))
 
-    def memory_blocks(self, ckey: bytes, first: int, last: int) -> list[bytes] | None:
-        out = []
+    def in_memory(self, ckey: bytes, first: int, last: int) -> bytes | memoryview | None:
+        """Bytes of blocks first..last of a chunk if the memory tier has them all."""
+        whole = self.memory.get((ckey, WHOLE))
+        bs = self.block_size
+        if whole is not None:
+            return memoryview(whole)[first * bs:(last + 1) * bs]
+        blocks = []
         for b in range(first, last + 1):
             data = self.memory.get((ckey, b))
             if data is None:
                 return None
-            out.append(data)
-        return out
+            blocks.append(data)
+        return blocks[0] if len(blocks) == 1 else b"".join(blocks)
 
     def touch(self, ckey: bytes) -> None:
         rec = self._index.get(ckey)
@@ -94,21 +103,21 @@ class ChunkCache:
         return ckey in self._index
 
     async def read(self, ckey: bytes, first: int, last: int, *,
-                   touch: bool) -> tuple[list[bytes], str] | None:
-        """(blocks first..last of a chunk, "memory" | "disk"), or None on a miss."""
-        blocks = self.memory_blocks(ckey, first, last)
-        if blocks is not None:
+                   touch: bool) -> tuple[bytes | memoryview, str] | None:
+        """(bytes of blocks first..last of a chunk, "memory" | "disk"), or None on a miss."""
+        data = self.in_memory(ckey, first, last)
+        if data is not None:
             self.metrics.cache_hits.labels("memory").inc()
             if touch:
                 self.touch(ckey)
-            return blocks, "memory"
+            return data, "memory"
         rec = self._index.get(ckey)
         if rec is None:
             self.metrics.cache_misses.inc()
             return None
         try:
-            blocks = await trio.to_thread.run_sync(self.disk.read_blocks, ckey, rec.length,
-                                                   rec.crcs, first, last)
+            data = await trio.to_thread.run_sync(self.disk.read_blocks, ckey, rec.length,
+                                                 rec.crcs, first, last)
         except CacheCorrupt as exc:
             if self._index.get(ckey) is rec:  # a concurrent reader may have dropped it already
                 log.warning("dropping cached chunk: %s", exc)
@@ -117,32 +126,35 @@ class ChunkCache:
             self.metrics.cache_misses.inc()
             return None
         self.metrics.cache_hits.labels("disk").inc()
-        for b, data in zip(range(first, last + 1), blocks):
-            self.memory.put((ckey, b), data)
+        bs = self.block_size
+        if first == 0 and last == self.blocks_of(rec.length) - 1:
+            self.memory.put((ckey, WHOLE), data)
+        else:
+            for i, b in enumerate(range(first, last + 1)):
+                self.memory.put((ckey, b), data[i * bs:(i + 1) * bs])
         if touch:
             self.touch(ckey)
         self._publish()
-        return blocks, "disk"
+        return data, "disk"
 
     # ---- fills and eviction --------------------------------------------------------
 
     def remember(self, ckey: bytes, data: bytes) -> None:
         """Put a freshly fetched chunk in the memory tier (synchronous, before any await)."""
-        bs = self.block_size
-        if len(data) <= bs:
-            self.memory.put((ckey, 0), data)
-            return
-        for b in range(self.blocks_of(len(data))):
-            self.memory.put((ckey, b), data[b * bs:(b + 1) * bs])
+        self.memory.put((ckey, WHOLE), data)
 
     async def fill(self, obj: ObjectVersion, ckey: bytes, data: bytes) -> None:
         """Write a freshly fetched chunk to the disk tier (the reader already has the bytes)."""
         if ckey in self._index or ckey in self._writing:
             return
         self._writing.add(ckey)
+        reserved = 0
         try:
             if not await self._make_room(len(data)):
                 return
+            # counted before the write's await, so concurrent fills see each other
+            reserved = len(data)
+            self._reserved += reserved
             crcs = await trio.to_thread.run_sync(self.disk.write, ckey, data)
             now = self._clock()
             rec = ChunkRecord(len(data), 1.0, now, crcs)
@@ -157,11 +169,13 @@ class ChunkCache:
             # a full or failing cache disk must not fail the read: serve from memory only
             log.warning("cannot write chunk to the cache dir: %s", exc)
         finally:
+            self._reserved -= reserved
             self._writing.discard(ckey)
             self._publish()
 
     async def _make_room(self, incoming: int) -> bool:
-        victims, fits = self.evictor.victims(self._index, self._used, incoming, self._writing)
+        victims, fits = self.evictor.victims(self._index, self._used + self._reserved, incoming,
+                                             self._writing)
         for key in victims:
             await self.drop(key, evicted=True)
         if not fits and not self._full_logged:

@@ -44,8 +44,8 @@ class DiskTier:
         return self.checksums(data)
 
     def read_blocks(self, ckey: bytes, length: int, crcs: tuple[int, ...], first: int,
-                    last: int) -> list[bytes]:
-        """Blocks first..last (inclusive) of a chunk, each verified, or CacheCorrupt."""
+                    last: int) -> bytes:
+        """Bytes of blocks first..last (inclusive) of a chunk, each block verified."""
         bs = self.block_size
         start = first * bs
         want = min(length, (last + 1) * bs) - start
@@ -60,13 +60,10 @@ class DiskTier:
         if len(buf) != want:
             raise CacheCorrupt(f"chunk file {chunk_name(ckey)} is short")
         view = memoryview(buf)
-        blocks = []
         for i, b in enumerate(range(first, last + 1)):
-            piece = view[i * bs:(i + 1) * bs]
-            if zlib.crc32(piece) != crcs[b]:
+            if zlib.crc32(view[i * bs:(i + 1) * bs]) != crcs[b]:
                 raise CacheCorrupt(f"chunk file {chunk_name(ckey)} block {b} fails its checksum")
-            blocks.append(bytes(piece) if len(view) > bs else buf)
-        return blocks
+        return buf
 
     def delete(self, ckey: bytes) -> None:
         try:

@@ -1,13 +1,16 @@
 """The memory tier: a byte-bounded LRU of verified blocks in front of the disk tier.
 
-Keys are (chunk key, block number). Values are immutable bytes, so a reader may keep a
-reference after the entry is evicted. LRU suffices here: the disk tier's heat ordering
+Keys are (chunk key, WHOLE) for a whole chunk, stored as fetched without a copy, or
+(chunk key, block number) for single blocks a partial disk read brought in. Values are
+immutable bytes, so a reader may keep a reference after the entry is evicted. LRU suffices here: the disk tier's heat ordering
 is what protects the working set from scans; this tier only absorbs re-reads.
 """
 
 from __future__ import annotations
 
 from cachetools import LRUCache
+
+WHOLE = -1
 
 
 class MemoryTier:
@@ -25,7 +28,7 @@ class MemoryTier:
 
     def drop_chunk(self, ckey: bytes, blocks: int) -> None:
         if self._lru is not None:
-            for b in range(blocks):
+            for b in range(WHOLE, blocks):
                 self._lru.pop((ckey, b), None)
 
     @property

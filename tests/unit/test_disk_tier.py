@@ -1,0 +1,113 @@
+"""DiskTier: chunk files verified per block; any damage is CacheCorrupt, never bad bytes."""
+
+import os
+
+import pytest
+
+from tierfs.cache.disk import DiskTier
+from tierfs.cache.keys import ObjectVersion, chunk_index, chunk_name
+from tierfs.errors import CacheCorrupt
+
+BS = 4096
+OBJ = ObjectVersion("bucket", "dir/file.bin", "etag-1", 10 * BS)
+
+
+@pytest.fixture
+def disk(tmp_path):
+    return DiskTier(str(tmp_path), BS)
+
+
+def written(disk, index=0, length=3 * BS + 100):
+    data = os.urandom(length)
+    ckey = OBJ.chunk_key(index)
+    crcs = disk.write(ckey, data)
+    return ckey, data, crcs
+
+
+def test_chunk_keys_are_versioned():
+    other_etag = ObjectVersion("bucket", "dir/file.bin", "etag-2", 10 * BS)
+    assert OBJ.chunk_key(0) != other_etag.chunk_key(0)
+    assert OBJ.chunk_key(0) != OBJ.chunk_key(1)
+    assert chunk_index(OBJ.chunk_key(7)) == 7
+    assert chunk_name(OBJ.chunk_key(7)) == OBJ.oid.hex() + ".7"
+
+
+def test_write_then_read_every_block_range(disk):
+    ckey, data, crcs = written(disk)
+    assert len(crcs) == 4
+    blocks = [data[i:i + BS] for i in range(0, len(data), BS)]
+    for first in range(4):
+        for last in range(first, 4):
+            got = disk.read_blocks(ckey, len(data), crcs, first, last)
+            assert got == b"".join(blocks[first:last + 1])
+
+
+def test_single_block_chunk(disk):
+    ckey, data, crcs = written(disk, length=100)
+    assert disk.read_blocks(ckey, len(data), crcs, 0, 0) == data
+
+
+def test_write_leaves_nothing_in_tmp(disk):
+    written(disk)
+    assert os.listdir(disk.tmp_dir) == []
+    assert os.path.getsize(disk.path(OBJ.chunk_key(0))) == 3 * BS + 100
+
+
+def flip_byte(path, offset):
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        b = f.read(1)
+        f.seek(offset)
+        f.write(bytes([b[0] ^ 0x01]))
+
+
+@pytest.mark.parametrize("offset", [0, BS - 1, BS, 3 * BS + 99])
+def test_flipped_byte_is_cache_corrupt(disk, offset):
+    ckey, data, crcs = written(disk)
+    flip_byte(disk.path(ckey), offset)
+    with pytest.raises(CacheCorrupt):
+        disk.read_blocks(ckey, len(data), crcs, 0, 3)
+    bad = offset // BS
+    with pytest.raises(CacheCorrupt, match=f"block {bad}"):
+        disk.read_blocks(ckey, len(data), crcs, bad, bad)
+
+
+def test_blocks_not_read_are_not_judged(disk):
+    ckey, data, crcs = written(disk)
+    flip_byte(disk.path(ckey), 3 * BS + 5)
+    assert disk.read_blocks(ckey, len(data), crcs, 0, 1) == data[:2 * BS]
+
+
+@pytest.mark.parametrize("keep", [0, 1, BS, 3 * BS + 99])
+def test_truncated_file_is_cache_corrupt(disk, keep):
+    ckey, data, crcs = written(disk)
+    os.truncate(disk.path(ckey), keep)
+    with pytest.raises(CacheCorrupt):
+        disk.read_blocks(ckey, len(data), crcs, 0, 3)
+
+
+def test_missing_file_is_cache_corrupt(disk):
+    ckey, data, crcs = written(disk)
+    os.unlink(disk.path(ckey))
+    with pytest.raises(CacheCorrupt, match="missing"):
+        disk.read_blocks(ckey, len(data), crcs, 0, 0)
+
+
+def test_file_swapped_for_another_chunk_is_cache_corrupt(disk):
+    ckey, data, crcs = written(disk, index=0)
+    other, _, _ = written(disk, index=1)
+    os.replace(disk.path(other), disk.path(ckey))
+    with pytest.raises(CacheCorrupt):
+        disk.read_blocks(ckey, len(data), crcs, 0, 3)
+
+
+def test_delete_and_scan(disk):
+    keys = [written(disk, index=i, length=BS + i)[0] for i in range(3)]
+    with open(os.path.join(disk.tmp_dir, "leftover"), "wb") as f:
+        f.write(b"half a chunk")
+    disk.delete(keys[1])
+    disk.delete(keys[1])  # deleting twice is fine
+    assert disk.scan() == {chunk_name(keys[0]): BS, chunk_name(keys[2]): BS + 2}
+    assert os.listdir(disk.tmp_dir) == []
+    disk.delete_name(chunk_name(keys[0]))
+    assert disk.scan() == {chunk_name(keys[2]): BS + 2}

@@ -1,0 +1,239 @@
+"""Eviction: the disk tier stays within its budget, and heat protects the working set.
+
+A fake statvfs stands for the cache filesystem and a fake clock for time; no timing is
+measured. The scan-resistance test is paired with a plain-LRU simulation of the same
+access sequence, which documents why the disk tier orders by heat and not by recency.
+"""
+
+import os
+from collections import OrderedDict
+
+import pytest
+import trio
+
+from tierfs.cache.keys import ObjectVersion
+
+from unitkit import chunk_files, make_cache, sample, statvfs_result
+
+CHUNK = 4096  # one checksum block per chunk keeps the arithmetic obvious
+N = 16  # cache_size in chunks
+
+
+def obj(name: str, chunks: int) -> ObjectVersion:
+    return ObjectVersion("bucket", name, "etag", chunks * CHUNK)
+
+
+def payload(tag: int) -> bytes:
+    return tag.to_bytes(4, "big") * (CHUNK // 4)
+
+
+async def test_budget_is_cache_size_when_space_is_plenty(tmp_path):
+    rig = make_cache(str(tmp_path), cache_size=N * CHUNK)
+    try:
+        assert rig.cache.budget() == N * CHUNK
+        assert sample(rig.metrics, "tierfs_cache_budget_bytes") == N * CHUNK
+    finally:
+        rig.close()
+
+
+async def test_filling_past_cache_size_never_exceeds_it(tmp_path):
+    root = str(tmp_path)
+    rig = make_cache(root, cache_size=N * CHUNK)
+    o = obj("big", 5 * N)
+    try:
+        for i in range(5 * N):
+            rig.clock.advance(1)
+            await rig.cache.fill(o, o.chunk_key(i), payload(i))
+            assert rig.cache.used_bytes <= N * CHUNK
+            assert sum(chunk_files(root).values()) == rig.cache.used_bytes
+        assert sample(rig.metrics, "tierfs_cache_evictions_total") > 0
+        # usage ends between the low and high watermarks, not emptied
+        assert rig.cache.used_bytes >= int(0.90 * N * CHUNK) - CHUNK
+        # the survivors are the newest chunks (all equally cold otherwise) and read back
+        survivors = [i for i in range(5 * N) if rig.cache.has(o.chunk_key(i))]
+        assert survivors == list(range(5 * N - len(survivors), 5 * N))
+        for i in survivors:
+            got, _ = await rig.cache.read(o.chunk_key(i), 0, 0, touch=False)
+            assert got == payload(i)
+    finally:
+        rig.close()
+
+
+async def test_concurrent_fills_never_exceed_cache_size(tmp_path):
+    # The Fetcher runs up to 4 fills at once (disk_writers). Each fill decides whether it
+    # fits before its write, but the bytes of the other fills in flight are not counted,
+    # so together they can overshoot the budget.
+    root = str(tmp_path)
+    rig = make_cache(root, cache_size=N * CHUNK)
+    o = obj("big", 8 * N)
+    worst = 0
+    try:
+        for batch in range(0, 8 * N, 4):
+            async with trio.open_nursery() as n:
+                for i in range(batch, batch + 4):
+                    n.start_soon(rig.cache.fill, o, o.chunk_key(i), payload(i))
+            worst = max(worst, rig.cache.used_bytes)
+        assert sum(chunk_files(root).values()) == rig.cache.used_bytes
+        assert worst <= N * CHUNK, f"used {worst // CHUNK} chunks of a {N}-chunk cache"
+    finally:
+        rig.close()
+
+
+def test_free_space_guard_formula(tmp_path):
+    mib = 1 << 20
+    # 100 MiB filesystem, 30 MiB available, 10% (10 MiB) must stay free
+    rig = make_cache(str(tmp_path), cache_size=1 << 30,
+                     statvfs=lambda p: statvfs_result(100 * mib, 30 * mib))
+    try:
+        assert rig.evictor.budget(0) == 20 * mib
+        assert rig.evictor.budget(5 * mib) == 25 * mib  # our own bytes may be reused
+        assert rig.evictor.budget(2000 * mib) == 1 << 30  # never above cache_size
+    finally:
+        rig.close()
+
+
+def test_full_filesystem_gives_a_zero_budget(tmp_path):
+    rig = make_cache(str(tmp_path), cache_size=1 << 30,
+                     statvfs=lambda p: statvfs_result(100 << 20, 1 << 20))
+    try:
+        assert rig.evictor.budget(0) == 0
+    finally:
+        rig.close()
+
+
+class SharedFilesystem:
+    """A small filesystem shared by the cache and other users: free space is what the
+    others and the chunk files actually occupy, as a real statvfs would report."""
+
+    def __init__(self, root: str, total: int, others: int) -> None:
+        self.root, self.total, self.others = root, total, others
+
+    def __call__(self, path: str) -> os.statvfs_result:
+        used = self.others + sum(chunk_files(self.root).values())
+        return statvfs_result(self.total, self.total - used, frsize=CHUNK)
+
+
+async def test_nearly_full_filesystem_caps_the_budget_below_cache_size(tmp_path):
+    root = str(tmp_path)
+    total = 100 * CHUNK
+    fs = SharedFilesystem(root, total, others=80 * CHUNK)  # 20 chunks free, 10 reserved
+    guard = total - fs.others - total // 10
+    rig = make_cache(root, cache_size=64 * CHUNK, statvfs=fs)
+    o = obj("big", 100)
+    try:
+        assert rig.cache.budget() == guard == 10 * CHUNK
+        for i in range(100):
+            rig.clock.advance(1)
+            await rig.cache.fill(o, o.chunk_key(i), payload(i))
+            assert rig.cache.used_bytes <= guard
+        assert rig.cache.used_bytes > 0  # the cache still works inside the guard
+        assert rig.cache.budget() == guard
+        assert sample(rig.metrics, "tierfs_cache_budget_bytes") == guard
+        # someone else takes more space: the budget shrinks and the next fill evicts
+        fs.others += 5 * CHUNK
+        await rig.cache.fill(o, o.chunk_key(100), payload(100))
+        assert rig.cache.used_bytes <= guard - 5 * CHUNK
+    finally:
+        rig.close()
+
+
+async def test_no_space_at_all_serves_without_the_disk_tier(tmp_path):
+    root = str(tmp_path)
+    rig = make_cache(root, cache_size=64 * CHUNK,
+                     statvfs=lambda p: statvfs_result(100 * CHUNK, 0, frsize=CHUNK))
+    o = obj("x", 1)
+    try:
+        await rig.cache.fill(o, o.chunk_key(0), payload(0))
+        assert not rig.cache.has(o.chunk_key(0))
+        assert chunk_files(root) == {}
+    finally:
+        rig.close()
+
+
+HOT = 4
+
+
+async def run_hot_then_scan(rig):
+    """The access sequence of both scan-resistance tests; returns (hot keys, scan keys)."""
+    hot = obj("hot", HOT)
+    scan = obj("scan", 5 * N)
+    hot_keys = [hot.chunk_key(i) for i in range(HOT)]
+    scan_keys = [scan.chunk_key(i) for i in range(5 * N)]
+    sequence = []
+    for i, k in enumerate(hot_keys):
+        rig.clock.advance(1)
+        await rig.cache.fill(hot, k, payload(1000 + i))
+        sequence.append(k)
+    for _ in range(3):  # the working set is re-read a few times
+        for k in hot_keys:
+            rig.clock.advance(1)
+            assert await rig.cache.read(k, 0, 0, touch=True) is not None
+            sequence.append(k)
+    for i, k in enumerate(scan_keys):  # one pass over 5x the cache, each chunk read once
+        rig.clock.advance(1)
+        await rig.cache.fill(scan, k, payload(i))
+        sequence.append(k)
+    return hot_keys, scan_keys, sequence
+
+
+def lru_survivors(sequence, capacity):
+    lru: OrderedDict = OrderedDict()
+    for k in sequence:
+        lru.pop(k, None)
+        lru[k] = True
+        while len(lru) > capacity:
+            lru.popitem(last=False)
+    return set(lru)
+
+
+async def test_scan_does_not_evict_the_hot_set(tmp_path):
+    root = str(tmp_path)
+    rig = make_cache(root, cache_size=N * CHUNK, memory_bytes=0)
+    try:
+        hot_keys, scan_keys, _ = await run_hot_then_scan(rig)
+        assert rig.cache.used_bytes <= N * CHUNK
+        assert sample(rig.metrics, "tierfs_cache_evictions_total") >= 4 * N
+        for i, k in enumerate(hot_keys):
+            assert rig.cache.has(k), f"hot chunk {i} was evicted by the scan"
+            got, source = await rig.cache.read(k, 0, 0, touch=True)
+            assert (got, source) == (payload(1000 + i), "disk")
+        # the scan itself was cached as far as the budget allowed
+        assert any(rig.cache.has(k) for k in scan_keys)
+    finally:
+        rig.close()
+
+
+async def test_plain_lru_would_have_lost_the_hot_set(tmp_path):
+    """Not a failure of tierfs: the same sequence under plain LRU with the same capacity
+    keeps none of the hot chunks. This is why the disk tier evicts by heat."""
+    rig = make_cache(str(tmp_path), cache_size=N * CHUNK, memory_bytes=0)
+    try:
+        hot_keys, _, sequence = await run_hot_then_scan(rig)
+        assert all(rig.cache.has(k) for k in hot_keys)  # heat kept them
+    finally:
+        rig.close()
+    kept_by_lru = lru_survivors(sequence, N)
+    assert not kept_by_lru & set(hot_keys)
+
+
+@pytest.mark.parametrize("half_lives", [1, 3])
+async def test_heat_fades_so_a_new_working_set_takes_over(tmp_path, half_lives):
+    # hot data unused for long enough is no hotter than new data: heat is not forever
+    half_life = 100.0
+    rig = make_cache(str(tmp_path), cache_size=N * CHUNK, memory_bytes=0,
+                     half_life=half_life)
+    old = obj("old", HOT)
+    new = obj("new", 5 * N)
+    try:
+        for i in range(HOT):
+            await rig.cache.fill(old, old.chunk_key(i), payload(i))
+            for _ in range(3):
+                await rig.cache.read(old.chunk_key(i), 0, 0, touch=True)
+        # heat 4 at t0: a chunk filled later than 2 half-lives is hotter
+        rig.clock.advance(half_lives * half_life + 1)
+        for i in range(5 * N):
+            await rig.cache.fill(new, new.chunk_key(i), payload(i))
+        survived = sum(rig.cache.has(old.chunk_key(i)) for i in range(HOT))
+        assert survived == (HOT if half_lives < 2 else 0)
+    finally:
+        rig.close()
