@@ -180,7 +180,7 @@ def _unmount(mountpoint: str, timeout: float) -> None:
     from .daemon import pid_file
 
     mp = os.path.abspath(mountpoint)
-    if not os.path.ismount(mp):
+    if not _in_mountinfo(mp):  # not os.path.ismount: it stats, and a dead daemon's mount hangs or fails
         _fail(f"{mp} is not mounted")
     pid = None
     try:
@@ -189,6 +189,9 @@ def _unmount(mountpoint: str, timeout: float) -> None:
     except (OSError, ValueError):
         pass
     r = subprocess.run(["fusermount3", "-u", mp], capture_output=True, text=True)
+    if r.returncode != 0 and (pid is None or not _alive(pid)):
+        # the daemon is gone (crashed or killed): detach the dead mount lazily
+        r = subprocess.run(["fusermount3", "-uz", mp], capture_output=True, text=True)
     if r.returncode != 0:
         _fail(r.stderr.strip().splitlines()[-1] if r.stderr.strip() else f"cannot unmount {mp}")
     deadline = time.monotonic() + timeout
@@ -196,6 +199,12 @@ def _unmount(mountpoint: str, timeout: float) -> None:
         if time.monotonic() > deadline:
             _fail(f"unmounted {mp}, but the daemon (pid {pid}) is still finishing")
         time.sleep(0.05)
+
+
+def _in_mountinfo(path: str) -> bool:
+    with open("/proc/self/mountinfo") as f:
+        # field 5 is the mount point, with space, tab, newline and backslash octal-escaped
+        return any(line.split()[4].encode().decode("unicode_escape") == path for line in f)
 
 
 def _alive(pid: int) -> bool:

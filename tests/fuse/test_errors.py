@@ -9,7 +9,7 @@ import sys
 
 import pytest
 from helpers import payload, put_many
-from mounting import Mount, free_port
+from mounting import Mount, free_port, is_mounted
 from rgw import s3_env, start_rgw
 
 MiB = 1 << 20
@@ -167,3 +167,17 @@ def test_backend_failure_during_read_is_eio_with_one_log_line(tmp_path):
             assert m.counter("tierfs_backend_errors_total", op="get") >= 1
     finally:
         own.stop()
+
+
+def test_unmount_after_the_daemon_was_killed(rgw, bucket, tmp_path):
+    m = Mount(rgw, f"s3://{bucket}", tmp_path / "mnt", tmp_path / "cache")
+    m.proc.kill()
+    m.proc.wait(timeout=30)
+    u = subprocess.run([sys.executable, "-m", "tierfs", "unmount", str(tmp_path / "mnt")],
+                       capture_output=True, text=True, timeout=60)
+    assert u.returncode == 0, u.stderr
+    assert not is_mounted(tmp_path / "mnt")
+    m.stop()
+    # and the cache dir is usable again: the lock died with the daemon
+    with Mount(rgw, f"s3://{bucket}", tmp_path / "mnt", tmp_path / "cache"):
+        pass
