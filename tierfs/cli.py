@@ -31,6 +31,9 @@ _MOUNT_OPTIONS = [
     ("--min-free-ratio", "min_free_ratio", "keep this fraction of the cache filesystem free (0.10)"),
     ("--readahead-chunks", "readahead_chunks", "chunks read ahead of a sequential reader (8)"),
     ("--backend-concurrency", "backend_concurrency", "parallel requests to the backend (16)"),
+    ("--dirty-wait", "dirty_wait", "wait this long for uploads before writes fail ENOSPC (60s)"),
+    ("--rename-max-objects", "rename_max_objects",
+     "rename directories of up to this many objects; larger ones EXDEV (1000)"),
     ("--log-level", "log_level", "debug, info, warning or error (default info)"),
     ("--log-file", "log_file", "log here (default: stderr; in the background CACHE_DIR/tierfs.log)"),
 ]
@@ -57,7 +60,10 @@ def _parser() -> argparse.ArgumentParser:
         m.add_argument(flag, dest=dest, help=help_)
     m.add_argument("--allow-other", dest="allow_other", action="store_true", default=None,
                    help="let other users access the mount")
-    m.add_argument("--read-only", dest="read_only", action="store_true", default=None)
+    m.add_argument("--read-only", dest="read_only", action="store_true", default=None,
+                   help="refuse every change (EROFS)")
+    m.add_argument("--writeback", dest="writeback", action="store_true", default=None,
+                   help="close() returns before the upload; fsync() still waits for S3")
     m.add_argument("-o", dest="o", action="append", default=[], metavar="KEY=VALUE,...",
                    help="options as fstab passes them (same names, underscores or dashes)")
     m.add_argument("-f", "--foreground", action="store_true", help="do not daemonize")
@@ -89,7 +95,7 @@ def _config(args: argparse.Namespace) -> MountConfig:
     for _, dest, _ in _MOUNT_OPTIONS:
         if getattr(args, dest) is not None:
             options[dest] = getattr(args, dest)
-    for flag in ("allow_other", "read_only"):
+    for flag in ("allow_other", "read_only", "writeback"):
         if getattr(args, flag):
             options[flag] = True
     return build_config(args.source, args.mountpoint, options)

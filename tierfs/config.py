@@ -113,6 +113,12 @@ class MountConfig:
     backend_concurrency: int = 16
     backend_timeout: float = 30.0
     backend_retries: int = 4
+    # write-back: close() returns before the upload (fsync still waits for S3)
+    writeback: bool = False
+    # how long writers wait for uploads to free budget before ENOSPC
+    dirty_wait: float = 60.0
+    # directories with more objects than this are not renamed (EXDEV: mv copies instead)
+    rename_max_objects: int = 1000
     uid: int = field(default_factory=os.getuid)
     gid: int = field(default_factory=os.getgid)
     file_mode: int = 0o644
@@ -142,6 +148,10 @@ class MountConfig:
             raise bad("readahead_chunks", "must be between 1 and 64")
         if not 1 <= self.backend_concurrency <= 256:
             raise bad("backend_concurrency", "must be between 1 and 256")
+        if self.dirty_wait < 0:
+            raise bad("dirty_wait", "must not be negative")
+        if self.rename_max_objects < 0:
+            raise bad("rename_max_objects", "must not be negative")
         if self.backend_timeout <= 0:
             raise bad("backend_timeout", "must be positive")
         if not 1 <= self.backend_retries <= 20:
@@ -172,6 +182,8 @@ _CONVERTERS = {
     "metadata_ttl": parse_duration,
     "heat_half_life": parse_duration,
     "backend_timeout": parse_duration,
+    "dirty_wait": parse_duration,
+    "writeback": parse_bool,
     "allow_other": parse_bool,
     "read_only": parse_bool,
 }
@@ -231,7 +243,7 @@ def build_config(source: str, mountpoint: str, options: dict[str, object]) -> Mo
             continue
         if key not in names:
             raise UsageError(f"unknown option {key!r}")
-        if value is True and key not in ("allow_other", "read_only"):
+        if value is True and key not in ("allow_other", "read_only", "writeback"):
             raise UsageError(f"option {key.replace('_', '-')} needs a value")
         kwargs[key] = _convert(key, value)
     if not mountpoint:

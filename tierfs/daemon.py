@@ -34,11 +34,13 @@ from .meta import MetaStore
 from .metrics import Metrics
 from .namespace import Namespace
 from .prefetch import Prefetcher
+from .writeback import WriteBack
 
 log = logging.getLogger(__name__)
 
 RUN_DIR = "/run/tierfs"
 BLOCK_SIZE = 256 << 10  # checksum and memory-tier unit: a 4 KiB read verifies 256 KiB
+DRAIN_TIMEOUT_S = 60.0  # at shutdown, pending uploads get this long; the journal keeps the rest
 
 
 def pid_file(mountpoint: str) -> str:
@@ -133,20 +135,35 @@ async def serve(cfg: MountConfig, on_ready: Callable[[], None]) -> None:
             prefetcher = Prefetcher(fetcher, cache, metrics, nursery,
                                     max_window=cfg.readahead_chunks,
                                     max_queued=2 * cfg.readahead_chunks)
+            wb = WriteBack(meta, cache, backend, metrics, bucket=cfg.source.bucket,
+                           cache_dir=cache_dir, chunk_size=cfg.chunk_size,
+                           writeback=cfg.writeback, dirty_wait_s=cfg.dirty_wait,
+                           read_base=fetcher.read_through)
+            recovered = wb.recover()
+            if recovered:
+                log.info("%d files with unsaved writes recovered from the journal", recovered)
             ns = Namespace(meta, backend, metrics, root_prefix=cfg.source.prefix,
-                           ttl_s=cfg.metadata_ttl)
-            fileio = FileIO(ns, cache, fetcher, prefetcher, metrics, bucket=cfg.source.bucket)
+                           ttl_s=cfg.metadata_ttl, has_local_writes=wb.is_dirty)
+            fileio = FileIO(ns, cache, fetcher, prefetcher, metrics, bucket=cfg.source.bucket,
+                            writeback=wb, rename_max_objects=cfg.rename_max_objects)
             ops = FuseOps(cfg, ns, fileio, cache, metrics)
             options = set(pyfuse3.default_options)
-            options |= {"fsname=tierfs", "subtype=tierfs", "default_permissions", "ro"}
+            options |= {"fsname=tierfs", "subtype=tierfs", "default_permissions"}
+            if cfg.read_only:
+                options.add("ro")
             if cfg.allow_other:
                 options.add("allow_other")
             pyfuse3.init(ops, cfg.mountpoint, options)
             try:
                 nursery.start_soon(cache.run_flusher)
+                for _ in range(4):
+                    nursery.start_soon(wb.run_uploader)
                 nursery.start_soon(_stop_on_signal)
                 nursery.start_soon(_announce_ready, cfg.mountpoint, on_ready)
                 await pyfuse3.main()
+                if not await wb.drain(DRAIN_TIMEOUT_S):
+                    log.warning("unsaved files remain; they are journaled and will be "
+                                "uploaded at the next mount of this cache dir")
                 nursery.cancel_scope.cancel()
             finally:
                 pyfuse3.close(unmount=True)

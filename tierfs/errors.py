@@ -33,6 +33,30 @@ class ReadOnly(TierfsError):
     errno = errno.EROFS
 
 
+class NoSpace(TierfsError):
+    """Unsaved writes would exceed the cache budget and nothing drained in time."""
+
+    errno = errno.ENOSPC
+
+
+class NotEmpty(TierfsError):
+    errno = errno.ENOTEMPTY
+
+
+class CrossDevice(TierfsError):
+    """A rename too large to do object by object; mv falls back to copying."""
+
+    errno = errno.EXDEV
+
+
+class Exists(TierfsError):
+    errno = errno.EEXIST
+
+
+class InvalidArgument(TierfsError):
+    errno = errno.EINVAL
+
+
 class IsADirectory(TierfsError):
     errno = errno.EISDIR
 

@@ -79,3 +79,10 @@ class Fetcher:
         finally:
             self._flights.pop(ckey, None)
             self._disk_writes.release()
+
+    async def read_through(self, obj: ObjectVersion, index: int) -> bytes | memoryview:
+        """A whole chunk, from the cache if it has it, else from the backend."""
+        length = self.chunk_length(obj, index)
+        hit = await self.cache.read(obj.chunk_key(index), 0, self.cache.blocks_of(length) - 1,
+                                    touch=False)
+        return hit[0] if hit is not None else await self.chunk(obj, index)

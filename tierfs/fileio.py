@@ -1,24 +1,38 @@
-"""FileIO: open handles and reads, split per chunk, over the cache and the fetcher.
+"""FileIO: open handles, reads and writes, and the operations that span several parts.
 
-A handle is bound to one object version (key + ETag) when opened. Every read is served
-from that version only: chunk keys carry the ETag and ranged GETs carry If-Match, so one
-read never mixes bytes of two versions. If the object changed before the handle served
-anything, the handle moves to the new version; after that, reads fail with ESTALE.
+A read-only handle is bound to one object version (key + ETag) when opened. Every read
+is served from that version only: chunk keys carry the ETag and ranged GETs carry
+If-Match, so one read never mixes bytes of two versions. If the object changed before
+the handle served anything, the handle moves to the new version; after that, reads fail
+with ESTALE. A file with unsaved writes is read from its DirtyFile (writeback.py) by
+every handle, so readers on this node see what writers wrote.
+
+Operations that touch both the namespace and unsaved data (unlink, rename, truncate,
+chmod of a file being written) are composed here, since those two parts do not know
+each other.
 """
 
 from __future__ import annotations
 
 import itertools
 import logging
+import os
 from dataclasses import dataclass, field
 
+import trio
+
 from .cache import ChunkCache, ObjectVersion
-from .errors import BackendError, IsADirectory, PreconditionFailed, StaleObject
+from .errors import (BackendError, CrossDevice, Exists, InvalidArgument, IsADirectory,
+                     NotADirectory, NotEmpty, NotFound, PreconditionFailed, StaleObject)
 from .fetch import Fetcher
 from .meta import Inode
 from .metrics import Metrics
-from .namespace import Namespace
+from .namespace import Namespace, metadata_from_attrs
 from .prefetch import Prefetcher, ReadPattern
+from .writeback import DirtyFile, WriteBack
+
+RENAME_NOREPLACE, RENAME_EXCHANGE = 1, 2
+_WRITE_FLAGS = os.O_WRONLY | os.O_RDWR
 
 log = logging.getLogger(__name__)
 
@@ -31,12 +45,17 @@ class OpenFile:
     served: bool = False
     touched: set[int] = field(default_factory=set)
     pattern: ReadPattern = field(default_factory=ReadPattern)
+    dirty: DirtyFile | None = None  # set when opened for writing
+    wrote: bool = False
 
 
 class FileIO:
     def __init__(self, namespace: Namespace, cache: ChunkCache, fetcher: Fetcher,
-                 prefetcher: Prefetcher, metrics: Metrics, *, bucket: str) -> None:
+                 prefetcher: Prefetcher, metrics: Metrics, *, bucket: str,
+                 writeback: WriteBack | None = None, rename_max_objects: int = 1000) -> None:
         self.ns = namespace
+        self.wb = writeback
+        self.rename_max_objects = rename_max_objects
         self.cache = cache
         self.fetcher = fetcher
         self.prefetcher = prefetcher
@@ -51,30 +70,58 @@ class FileIO:
         # handle's short read at its EOF makes the kernel shrink the file's size
         self._kernel_stale: set[int] = set()
 
-    async def open(self, ino: int) -> tuple[OpenFile, bool]:
+    async def open(self, ino: int, flags: int = os.O_RDONLY) -> tuple[OpenFile, bool]:
         """Open a file: (handle, whether the kernel may keep its cached pages)."""
         node = self.ns.inode(ino)
         if node.is_dir:
             raise IsADirectory(node.key)
         node = await self.ns.revalidate(node)
         h = OpenFile(next(self._next_fh), node, self._version(node))
+        if flags & _WRITE_FLAGS:
+            h.dirty = self._open_dirty(node, truncate=bool(flags & os.O_TRUNC))
+            if flags & os.O_TRUNC and h.dirty.size:
+                await self.wb.truncate(h.dirty, 0)  # type: ignore[union-attr]
         self._handles[h.fh] = h
-        keep = self._opened_etag.get(ino) == node.etag and ino not in self._kernel_stale
+        keep = (self._opened_etag.get(ino) == node.etag and ino not in self._kernel_stale
+                and not (self.wb and self.wb.is_dirty(ino)))
         self._opened_etag[ino] = node.etag
         self._kernel_stale.discard(ino)
         return h, keep
+
+    def _open_dirty(self, node: Inode, *, truncate: bool) -> DirtyFile:
+        if self.wb is None:
+            raise InvalidArgument("this mount has no write support")
+        base = self._version(node) if node.etag and not truncate else None
+        return self.wb.open(node.ino, node.key, base, truncate=truncate,
+                            metadata=metadata_from_attrs(node.attrs))
+
+    async def create(self, parent: int, name: bytes, mode: int) -> tuple[OpenFile, Inode]:
+        node = self.ns.create_file(parent, name)
+        if mode:
+            node.attrs = {"mode": mode & 0o7777}
+            self.ns.meta.set_attrs(node.ino, node.attrs)
+        h = OpenFile(next(self._next_fh), node, self._version(node))
+        h.dirty = self._open_dirty(node, truncate=True)
+        self._handles[h.fh] = h
+        self._opened_etag[node.ino] = node.etag
+        return h, node
 
     def _version(self, node: Inode) -> ObjectVersion:
         return ObjectVersion(self.bucket, node.key, node.etag, node.size)
 
     def release(self, fh: int) -> None:
-        self._handles.pop(fh, None)
+        h = self._handles.pop(fh, None)
+        if h is not None and h.dirty is not None and self.wb is not None:
+            self.wb.release(h.dirty)
 
     def handle(self, fh: int) -> OpenFile:
         return self._handles[fh]
 
     async def read(self, fh: int, offset: int, size: int) -> bytes:
         h = self._handles[fh]
+        d = self.wb.get(h.node.ino) if self.wb is not None else None
+        if d is not None:
+            return await self.wb.read(d, offset, size)  # type: ignore[union-attr]
         newest = self._opened_etag.get(h.node.ino)
         if newest != h.obj.etag:
             self._kernel_stale.add(h.node.ino)
@@ -120,3 +167,139 @@ class FileIO:
             self.metrics.read_bytes.labels(source).inc(hi - lo)
         h.served = True
         return bytes(pieces[0]) if len(pieces) == 1 else b"".join(pieces)
+
+    # ---- writes ----------------------------------------------------------------------
+
+    async def write(self, fh: int, offset: int, data: bytes) -> int:
+        h = self._handles[fh]
+        if h.dirty is None:
+            raise InvalidArgument("file not opened for writing")
+        h.wrote = True
+        return await self.wb.write(h.dirty, offset, data)  # type: ignore[union-attr]
+
+    async def flush(self, fh: int) -> None:
+        h = self._handles.get(fh)
+        if h is not None and h.dirty is not None and h.wrote and self.wb is not None:
+            await self.wb.flush(h.dirty)
+
+    async def fsync(self, fh: int) -> None:
+        h = self._handles.get(fh)
+        d = self.wb.get(h.node.ino) if h is not None and self.wb is not None else None
+        if d is not None:
+            await self.wb.commit(d)  # type: ignore[union-attr]
+
+    def size_of(self, node: Inode) -> int:
+        d = self.wb.get(node.ino) if self.wb is not None else None
+        return d.size if d is not None else node.size
+
+    async def setattr(self, ino: int, fh: int | None, *, size: int | None,
+                      attrs: dict) -> Inode:
+        node = self.ns.inode(ino)
+        if size is not None:
+            if node.is_dir:
+                raise IsADirectory(node.key)
+            await self._truncate(node, fh, size)
+        if attrs:
+            d = self.wb.get(ino) if self.wb is not None else None
+            node = await self.ns.set_attrs(node, attrs)
+            if d is not None:
+                self.wb.set_metadata(d, metadata_from_attrs(node.attrs))  # type: ignore[union-attr]
+        return self.ns.inode(ino)
+
+    async def _truncate(self, node: Inode, fh: int | None, size: int) -> None:
+        h = self._handles.get(fh) if fh is not None else None
+        if h is not None and h.dirty is not None:
+            h.wrote = True
+            await self.wb.truncate(h.dirty, size)  # type: ignore[union-attr]
+            return
+        # truncate(path): no close will follow, so the change is saved right here
+        node = await self.ns.revalidate(node)
+        d = self._open_dirty(node, truncate=size == 0)
+        try:
+            await self.wb.truncate(d, size)  # type: ignore[union-attr]
+            await self.wb.flush(d)  # type: ignore[union-attr]
+        finally:
+            self.wb.release(d)  # type: ignore[union-attr]
+
+    async def unlink(self, parent: int, name: bytes) -> None:
+        node = await self.ns.lookup(parent, name)
+        d = self.wb.get(node.ino) if self.wb is not None else None
+        if d is not None:
+            self.wb.discard(d)  # type: ignore[union-attr]
+        await self.ns.unlink(parent, name)
+
+    async def rename(self, parent: int, name: bytes, new_parent: int, new_name: bytes,
+                     flags: int) -> None:
+        if flags & RENAME_EXCHANGE:
+            raise InvalidArgument("RENAME_EXCHANGE cannot be done on an object store")
+        node = await self.ns.lookup(parent, name)
+        try:
+            target: Inode | None = await self.ns.lookup(new_parent, new_name)
+        except NotFound:
+            target = None
+        if target is not None and flags & RENAME_NOREPLACE:
+            raise Exists(target.key)
+        if target is not None and target.ino == node.ino:
+            return
+        dest_dir = self.ns.inode(new_parent)
+        if node.is_dir:
+            await self._rename_dir(node, target, dest_dir, new_parent, new_name)
+        else:
+            await self._rename_file(node, target, dest_dir, new_parent, new_name)
+
+    async def _rename_file(self, node: Inode, target: Inode | None, dest_dir: Inode,
+                           new_parent: int, new_name: bytes) -> None:
+        if target is not None and target.is_dir:
+            raise IsADirectory(target.key)
+        d = self.wb.get(node.ino) if self.wb is not None else None
+        if d is not None:
+            # S3 has no rename: the source must exist as an object before it is copied
+            await self.wb.commit(d)  # type: ignore[union-attr]
+            node = self.ns.inode(node.ino)
+        new_key = dest_dir.key + new_name.decode()
+        old = self._version(node)
+        etag = await self.ns.backend.copy(node.key, new_key, node.etag)
+        new = ObjectVersion(self.bucket, new_key, etag, node.size)
+        await self.cache.rekey(old, new, range(-(-node.size // self.chunk_size)))
+        if target is not None and self.wb is not None and self.wb.get(target.ino) is not None:
+            self.wb.discard(self.wb.get(target.ino))  # type: ignore[arg-type]
+        await self.ns.backend.delete(node.key)
+        node.etag = etag
+        self.ns.renamed(node, new_parent, new_name, new_key)
+        if d is not None:
+            d.key, d.base = new_key, new
+        self._opened_etag.pop(node.ino, None)
+
+    async def _rename_dir(self, node: Inode, target: Inode | None, dest_dir: Inode,
+                          new_parent: int, new_name: bytes) -> None:
+        if target is not None:
+            if not target.is_dir:
+                raise NotADirectory(target.key)
+            await self.ns.rmdir(new_parent, new_name)  # raises NotEmpty unless empty
+        if dest_dir.key.startswith(node.key):
+            raise InvalidArgument("cannot move a directory into itself")
+        if self.wb is not None:  # unsaved files inside must exist as objects to be copied
+            for d in list(self.wb.files.values()):
+                if d.key.startswith(node.key) and not d.unlinked:
+                    await self.wb.commit(d)
+        objects = await self.ns.list_tree(node.key, self.rename_max_objects)
+        if objects is None:
+            raise CrossDevice(f"{node.key} holds more than {self.rename_max_objects} objects")
+        new_prefix = dest_dir.key + new_name.decode() + "/"
+        limiter = trio.CapacityLimiter(8)
+
+        async def move(obj) -> None:  # noqa: ANN001 - ObjectMeta
+            async with limiter:
+                key = new_prefix + obj.key[len(node.key):]
+                etag = await self.ns.backend.copy(obj.key, key, obj.etag)
+                await self.cache.rekey(ObjectVersion(self.bucket, obj.key, obj.etag, obj.size),
+                                       ObjectVersion(self.bucket, key, etag, obj.size),
+                                       range(-(-obj.size // self.chunk_size)))
+                await self.ns.backend.delete(obj.key)
+
+        async with trio.open_nursery() as nursery:
+            for obj in objects:
+                nursery.start_soon(move, obj)
+        if not objects:
+            await self.ns.backend.put(new_prefix, b"")  # keep an empty directory visible
+        self.ns.renamed(node, new_parent, new_name, new_prefix)

@@ -2,7 +2,7 @@
 
 Each handler turns its arguments into one core call and the result into pyfuse3 types.
 TierfsError subclasses carry their errno; anything else is a bug, logged with its
-traceback and answered with EIO. Writes are not implemented yet: they answer EROFS.
+traceback and answered with EIO. A --read-only mount answers every change with EROFS.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from .cache import ChunkCache
 from .config import MountConfig
 from .errors import ReadOnly, TierfsError
 from .fileio import FileIO
-from .meta import Inode
+from .meta import SYMLINK, Inode
 from .metrics import Metrics
 from .namespace import Namespace
 
@@ -45,7 +45,7 @@ def _op(name: str) -> Callable:
                 raise
             except TierfsError as exc:
                 m.fuse_errors.labels(name, errno.errorcode.get(exc.errno, "EIO")).inc()
-                if exc.errno not in (errno.ENOENT, errno.EROFS):
+                if exc.errno not in (errno.ENOENT, errno.EROFS, errno.EEXIST, errno.ENOTEMPTY):
                     log.debug("%s: %s", name, exc)
                 raise pyfuse3.FUSEError(exc.errno) from None
             except Exception:
@@ -60,10 +60,10 @@ def _op(name: str) -> Callable:
     return wrap
 
 
-def _rofs(name: str) -> Callable:
+def _unsupported(name: str, err: int) -> Callable:
     @_op(name)
     async def refuse(self: "FuseOps", *args: Any) -> Any:
-        raise ReadOnly("writes are not supported yet")
+        raise pyfuse3.FUSEError(err)
 
     return refuse
 
@@ -90,21 +90,31 @@ class FuseOps(pyfuse3.Operations):
         a.generation = 0
         a.entry_timeout = self.cfg.metadata_ttl
         a.attr_timeout = self.cfg.metadata_ttl
+        attrs = node.attrs
         if node.is_dir:
-            a.st_mode = stat.S_IFDIR | self.cfg.dir_mode
+            a.st_mode = stat.S_IFDIR | attrs.get("mode", self.cfg.dir_mode)
             a.st_nlink = 2
-            mtime = node.mtime or self._started
-        else:
-            a.st_mode = stat.S_IFREG | self.cfg.file_mode
+            mtime = attrs.get("mtime", node.mtime or self._started)
+        elif node.kind == SYMLINK:
+            a.st_mode = stat.S_IFLNK | 0o777
             a.st_nlink = 1
             mtime = node.mtime
-        a.st_size = node.size
-        a.st_uid, a.st_gid = self.cfg.uid, self.cfg.gid
+        else:
+            a.st_mode = stat.S_IFREG | attrs.get("mode", self.cfg.file_mode)
+            a.st_nlink = 1
+            mtime = attrs.get("mtime", node.mtime)
+        a.st_size = self.io.size_of(node)
+        a.st_uid = attrs.get("uid", self.cfg.uid)
+        a.st_gid = attrs.get("gid", self.cfg.gid)
         ns = int(mtime * 1e9)
         a.st_atime_ns = a.st_mtime_ns = a.st_ctime_ns = ns
         a.st_blksize = self.cache.block_size
-        a.st_blocks = -(-node.size // 512)
+        a.st_blocks = -(-a.st_size // 512)
         return a
+
+    def _writable(self) -> None:
+        if self.cfg.read_only:
+            raise ReadOnly("mounted --read-only")
 
     @_op("lookup")
     async def lookup(self, parent_inode: int, name: bytes, ctx: Any = None) -> pyfuse3.EntryAttributes:
@@ -137,8 +147,8 @@ class FuseOps(pyfuse3.Operations):
     @_op("open")
     async def open(self, inode: int, flags: int, ctx: Any) -> pyfuse3.FileInfo:
         if flags & (os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND):
-            raise ReadOnly("writes are not supported yet")
-        h, keep = await self.io.open(inode)
+            self._writable()
+        h, keep = await self.io.open(inode, flags)
         if not keep:
             # the kernel may hold the size of an older version from its last lookup; make it
             # ask again, or reads would stop at the old size. Attribute-only invalidation
@@ -173,15 +183,82 @@ class FuseOps(pyfuse3.Operations):
     async def forget(self, inode_list: Any) -> None:
         return None  # inode records live in LMDB; nothing is held per kernel reference
 
-    setattr = _rofs("setattr")
-    write = _rofs("write")
-    create = _rofs("create")
-    mkdir = _rofs("mkdir")
-    mknod = _rofs("mknod")
-    unlink = _rofs("unlink")
-    rmdir = _rofs("rmdir")
-    rename = _rofs("rename")
-    symlink = _rofs("symlink")
-    link = _rofs("link")
-    setxattr = _rofs("setxattr")
-    removexattr = _rofs("removexattr")
+    @_op("create")
+    async def create(self, parent_inode: int, name: bytes, mode: int, flags: int,
+                     ctx: Any) -> tuple[pyfuse3.FileInfo, pyfuse3.EntryAttributes]:
+        self._writable()
+        h, node = await self.io.create(parent_inode, name, mode)
+        return pyfuse3.FileInfo(fh=h.fh), self._attrs(node)
+
+    @_op("write")
+    async def write(self, fh: int, off: int, buf: bytes) -> int:
+        return await self.io.write(fh, off, buf)
+
+    @_op("flush")
+    async def flush(self, fh: int) -> None:
+        await self.io.flush(fh)
+
+    @_op("fsync")
+    async def fsync(self, fh: int, datasync: bool) -> None:
+        await self.io.fsync(fh)
+
+    @_op("fsyncdir")
+    async def fsyncdir(self, fh: int, datasync: bool) -> None:
+        return None  # directory changes are synchronous with the object store
+
+    @_op("setattr")
+    async def setattr(self, inode: int, attr: pyfuse3.EntryAttributes, fields: Any,
+                      fh: int | None, ctx: Any) -> pyfuse3.EntryAttributes:
+        changes: dict = {}
+        if fields.update_mode:
+            changes["mode"] = attr.st_mode & 0o7777
+        if fields.update_uid:
+            changes["uid"] = attr.st_uid
+        if fields.update_gid:
+            changes["gid"] = attr.st_gid
+        if fields.update_mtime:
+            changes["mtime"] = attr.st_mtime_ns / 1e9
+        size = attr.st_size if fields.update_size else None
+        if changes or size is not None:
+            self._writable()
+        return self._attrs(await self.io.setattr(inode, fh, size=size, attrs=changes))
+
+    @_op("mkdir")
+    async def mkdir(self, parent_inode: int, name: bytes, mode: int,
+                    ctx: Any) -> pyfuse3.EntryAttributes:
+        self._writable()
+        return self._attrs(await self.ns.mkdir(parent_inode, name))
+
+    @_op("rmdir")
+    async def rmdir(self, parent_inode: int, name: bytes, ctx: Any) -> None:
+        self._writable()
+        await self.ns.rmdir(parent_inode, name)
+
+    @_op("unlink")
+    async def unlink(self, parent_inode: int, name: bytes, ctx: Any) -> None:
+        self._writable()
+        await self.io.unlink(parent_inode, name)
+
+    @_op("rename")
+    async def rename(self, parent_inode_old: int, name_old: bytes, parent_inode_new: int,
+                     name_new: bytes, flags: int, ctx: Any) -> None:
+        self._writable()
+        await self.io.rename(parent_inode_old, name_old, parent_inode_new, name_new, flags)
+
+    @_op("symlink")
+    async def symlink(self, parent_inode: int, name: bytes, target: bytes,
+                      ctx: Any) -> pyfuse3.EntryAttributes:
+        self._writable()
+        return self._attrs(await self.ns.symlink(parent_inode, name, target))
+
+    @_op("readlink")
+    async def readlink(self, inode: int, ctx: Any) -> bytes:
+        return await self.ns.readlink(inode)
+
+    # no hard links or device nodes on an object store; no extended attributes (yet)
+    link = _unsupported("link", errno.EPERM)
+    mknod = _unsupported("mknod", errno.EPERM)
+    setxattr = _unsupported("setxattr", errno.ENOTSUP)
+    getxattr = _unsupported("getxattr", errno.ENODATA)
+    listxattr = _unsupported("listxattr", errno.ENOTSUP)
+    removexattr = _unsupported("removexattr", errno.ENOTSUP)

@@ -8,6 +8,10 @@ Named databases (keys are ordered binary, big-endian integers first):
   dirs      dir ino -> time its complete listing was stored
   chunks    object id (16 bytes) + chunk index (u32) -> length, heat, last access, crc32s
   objects   object id -> bucket, key, etag, size (for reports and evict-by-path)
+  attrs     ino -> JSON of what S3 listings do not carry: mode, uid, gid, mtime, symlink
+            target (set through this mount, or read from object metadata by HEAD)
+  dirty     ino -> JSON journal of a closed, not yet uploaded file (write-back); written
+            with a full sync, because this is the only copy of acknowledged data
 
 Every method is one short synchronous transaction; callers never await inside one.
 Inode numbers are allocated once per (parent, name, kind) and persist, so they are
@@ -19,8 +23,8 @@ from __future__ import annotations
 import json
 import os
 import struct
-from dataclasses import dataclass
-from typing import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Iterator
 
 import lmdb
 
@@ -28,7 +32,7 @@ from .errors import StartupError
 
 SCHEMA_VERSION = 1
 ROOT_INO = 1
-DIR, FILE = 1, 2
+DIR, FILE, SYMLINK = 1, 2, 3
 
 _U64 = struct.Struct(">Q")
 _INODE = struct.Struct("<BQQddH")  # kind, parent, size, mtime, validated_at, len(etag)
@@ -45,6 +49,7 @@ class Inode:
     etag: str  # "" for directories
     key: str  # full object key (directories: the prefix, ending with "/"; root: "")
     validated_at: float  # last time a LIST/HEAD confirmed this entry
+    attrs: dict = field(default_factory=dict)  # from the attrs DB, not packed here
 
     @property
     def is_dir(self) -> bool:
@@ -102,6 +107,8 @@ class MetaStore:
         self._dirs = self.env.open_db(b"dirs")
         self._chunks = self.env.open_db(b"chunks")
         self._objects = self.env.open_db(b"objects")
+        self._attrs = self.env.open_db(b"attrs")
+        self._dirty = self.env.open_db(b"dirty")
         self._check_identity(source)
 
     def _check_identity(self, source: str) -> None:
@@ -128,19 +135,24 @@ class MetaStore:
 
     # ---- namespace -------------------------------------------------------------------
 
+    def _load(self, txn: lmdb.Transaction, ino: int) -> Inode | None:
+        raw = txn.get(_u64(ino), db=self._inodes)
+        if raw is None:
+            return None
+        node = Inode.unpack(ino, raw)
+        attrs = txn.get(_u64(ino), db=self._attrs)
+        if attrs is not None:
+            node.attrs = json.loads(attrs)
+        return node
+
     def inode(self, ino: int) -> Inode | None:
-        with self.env.begin(db=self._inodes) as txn:
-            raw = txn.get(_u64(ino))
-        return Inode.unpack(ino, raw) if raw is not None else None
+        with self.env.begin() as txn:
+            return self._load(txn, ino)
 
     def child(self, parent: int, name: bytes) -> Inode | None:
         with self.env.begin() as txn:
             ino = txn.get(_u64(parent) + name, db=self._dentries)
-            if ino is None:
-                return None
-            n = _U64.unpack(ino)[0]
-            raw = txn.get(ino, db=self._inodes)
-        return Inode.unpack(n, raw) if raw is not None else None
+            return self._load(txn, _U64.unpack(ino)[0]) if ino is not None else None
 
     def children(self, parent: int) -> list[tuple[bytes, Inode]]:
         """All children in stable (byte) order."""
@@ -152,9 +164,9 @@ class MetaStore:
                 for k, v in cur:
                     if not k.startswith(prefix):
                         break
-                    raw = txn.get(v, db=self._inodes)
-                    if raw is not None:
-                        out.append((bytes(k[8:]), Inode.unpack(_U64.unpack(v)[0], raw)))
+                    node = self._load(txn, _U64.unpack(v)[0])
+                    if node is not None:
+                        out.append((bytes(k[8:]), node))
         return out
 
     def dir_listed_at(self, ino: int) -> float | None:
@@ -169,9 +181,13 @@ class MetaStore:
         ino = None
         if raw_ino is not None:
             ino = _U64.unpack(raw_ino)[0]
-            old = txn.get(raw_ino, db=self._inodes)
+            raw_old = txn.get(raw_ino, db=self._inodes)
+            old = Inode.unpack(ino, raw_old) if raw_old is not None else None
+            # a listing shows a symlink as a plain object: the same version stays a symlink
+            if old is not None and old.kind == SYMLINK and kind == FILE and old.etag == etag:
+                kind = SYMLINK
             # a name that changed kind gets a new inode: the kernel caches an inode's type
-            if old is None or Inode.unpack(ino, old).kind != kind:
+            if old is None or old.kind != kind:
                 ino = None
         if ino is None:
             ino = _U64.unpack(txn.get(b"next_ino", db=self._info))[0]
@@ -191,17 +207,22 @@ class MetaStore:
             txn.delete(_u64(parent) + name)
 
     def store_listing(self, parent: int, entries: Iterable[tuple[bytes, int, int, float, str, str]],
-                      now: float) -> None:
+                      now: float, keep: Callable[[int], bool] = lambda ino: False) -> None:
         """Replace a directory's children with a complete listing, in one transaction.
 
         entries: (name, kind, size, mtime, etag, key). Names no longer listed lose their
         dentry; their inode records stay so open handles and the kernel keep working.
+        Entries for which keep(ino) is true (files with unsaved writes) are left alone:
+        local writes win over what the bucket still shows.
         """
         prefix = _u64(parent)
         with self.env.begin(write=True) as txn:
             seen = set()
             for name, kind, size, mtime, etag, key in entries:
                 seen.add(name)
+                cur = txn.get(prefix + name, db=self._dentries)
+                if cur is not None and keep(_U64.unpack(cur)[0]):
+                    continue
                 self._upsert(txn, parent, name, kind, size, mtime, etag, key, now)
             cur = txn.cursor(db=self._dentries)
             stale = []
@@ -209,7 +230,7 @@ class MetaStore:
                 for k in cur.iternext(values=False):
                     if not k.startswith(prefix):
                         break
-                    if bytes(k[8:]) not in seen:
+                    if bytes(k[8:]) not in seen and not keep(_U64.unpack(cur.value())[0]):
                         stale.append(bytes(k))
             for k in stale:
                 txn.delete(k, db=self._dentries)
@@ -218,6 +239,67 @@ class MetaStore:
     def set_validated(self, node: Inode) -> None:
         with self.env.begin(write=True, db=self._inodes) as txn:
             txn.put(_u64(node.ino), node.pack())
+
+    def set_attrs(self, ino: int, attrs: dict) -> None:
+        with self.env.begin(write=True, db=self._attrs) as txn:
+            if attrs:
+                txn.put(_u64(ino), json.dumps(attrs).encode())
+            else:
+                txn.delete(_u64(ino))
+
+    def move(self, node: Inode, new_parent: int, new_name: bytes, new_key: str) -> Inode:
+        """Rename: the inode keeps its number under its new name (replacing any entry)."""
+        old_name = node.key.rstrip("/").rpartition("/")[2].encode()
+        with self.env.begin(write=True) as txn:
+            txn.delete(_u64(node.parent) + old_name, db=self._dentries)
+            txn.put(_u64(new_parent) + new_name, _u64(node.ino), db=self._dentries)
+            node.parent, node.key = new_parent, new_key
+            txn.put(_u64(node.ino), node.pack(), db=self._inodes)
+            if node.kind == DIR:
+                self._rekey_children(txn, node.ino, new_key)
+                txn.delete(_u64(node.ino), db=self._dirs)
+        return node
+
+    def _rekey_children(self, txn: lmdb.Transaction, parent: int, prefix: str) -> None:
+        """Give every descendant of a renamed directory its key under the new prefix."""
+        start = _u64(parent)
+        cur = txn.cursor(db=self._dentries)
+        kids = []
+        if cur.set_range(start):
+            for k, v in cur:
+                if not k.startswith(start):
+                    break
+                kids.append((bytes(k[8:]), _U64.unpack(v)[0]))
+        for name, ino in kids:
+            raw = txn.get(_u64(ino), db=self._inodes)
+            if raw is None:
+                continue
+            child = Inode.unpack(ino, raw)
+            child.key = prefix + name.decode() + ("/" if child.kind == DIR else "")
+            child.validated_at = 0.0  # copies have new ETags: ask the bucket again
+            txn.put(_u64(ino), child.pack(), db=self._inodes)
+            if child.kind == DIR:
+                self._rekey_children(txn, ino, child.key)
+                txn.delete(_u64(ino), db=self._dirs)
+
+    def forget_listing(self, ino: int) -> None:
+        with self.env.begin(write=True, db=self._dirs) as txn:
+            txn.delete(_u64(ino))
+
+    # ---- write-back journal ----------------------------------------------------------
+
+    def put_dirty(self, ino: int, record: dict) -> None:
+        with self.env.begin(write=True, db=self._dirty) as txn:
+            txn.put(_u64(ino), json.dumps(record).encode())
+        self.env.sync(True)  # acknowledged data: durable before we answer
+
+    def delete_dirty(self, ino: int) -> None:
+        with self.env.begin(write=True, db=self._dirty) as txn:
+            txn.delete(_u64(ino))
+
+    def dirty_records(self) -> list[tuple[int, dict]]:
+        with self.env.begin(db=self._dirty) as txn:
+            return [(_U64.unpack(k)[0], json.loads(v)) for k, v in txn.cursor()]
 
     # ---- chunk index -----------------------------------------------------------------
 

@@ -56,6 +56,13 @@ class Metrics:
                                    ["op", "errno"], registry=r)
         self.invalid_keys = Counter("tierfs_invalid_keys",
                                     "Object keys hidden because they cannot be paths", registry=r)
+        self.dirty_bytes = Gauge("tierfs_writeback_dirty_bytes",
+                                 "Bytes written through the mount and not yet uploaded", registry=r)
+        self.uploads = Counter("tierfs_writeback_uploads", "File uploads by outcome", ["outcome"],
+                               registry=r)
+        self.upload_seconds = Histogram("tierfs_writeback_upload_seconds",
+                                        "Time to upload one file (all its parts)",
+                                        buckets=_LATENCY_BUCKETS + (60.0, 300.0), registry=r)
         self.prefetch_dropped = Counter("tierfs_prefetch_dropped",
                                         "Read-ahead requests dropped because the queue was full",
                                         registry=r)

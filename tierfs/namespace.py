@@ -17,9 +17,10 @@ from typing import Callable
 import trio
 from cachetools import TTLCache
 
+from .backend.base import ObjectMeta
 from .backend.runner import AsyncBackend
-from .errors import NotADirectory, NotFound
-from .meta import DIR, FILE, ROOT_INO, Inode, MetaStore
+from .errors import (InvalidArgument, IsADirectory, NotADirectory, NotEmpty, NotFound)
+from .meta import DIR, FILE, ROOT_INO, SYMLINK, Inode, MetaStore
 from .metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -29,8 +30,11 @@ MAX_NAME = 255
 
 class Namespace:
     def __init__(self, meta: MetaStore, backend: AsyncBackend, metrics: Metrics, *,
-                 root_prefix: str, ttl_s: float, clock: Callable[[], float] = time.time) -> None:
+                 root_prefix: str, ttl_s: float, clock: Callable[[], float] = time.time,
+                 has_local_writes: Callable[[int], bool] = lambda ino: False) -> None:
         self.meta = meta
+        # files with unsaved writes: what the bucket says about them is older than we know
+        self._local = has_local_writes
         self.backend = backend
         self.metrics = metrics
         self.root_prefix = root_prefix
@@ -102,7 +106,7 @@ class Namespace:
         entries = [(n.encode(), DIR, 0, now, "", prefix + n + "/") for n in dirs]
         entries += [(n.encode(), FILE, s, m, e, k) for n, (s, m, e, k) in files.items()
                     if n not in dirs]  # a name that is both: the directory wins
-        self.meta.store_listing(d.ino, entries, now)
+        self.meta.store_listing(d.ino, entries, now, keep=self._local)
 
     async def lookup(self, parent: int, name: bytes) -> Inode:
         d = self._dir(parent)
@@ -118,7 +122,7 @@ class Namespace:
                 raise NotFound(f"{d.key}{sname}")
             return node
         node = self.meta.child(parent, name)
-        if node is not None and self._fresh(node.validated_at):
+        if node is not None and (self._fresh(node.validated_at) or self._local(node.ino)):
             return node
         if (parent, name) in self._negative:
             raise NotFound(f"{d.key}{sname}")
@@ -153,7 +157,7 @@ class Namespace:
 
     async def revalidate(self, node: Inode) -> Inode:
         """A file's current size and ETag, asking the backend only when past the TTL."""
-        if node.is_dir or self._fresh(node.validated_at):
+        if node.is_dir or self._fresh(node.validated_at) or self._local(node.ino):
             return node
         try:
             meta = await self.backend.head(node.key)
@@ -163,9 +167,146 @@ class Namespace:
         node.size, node.mtime, node.etag = meta.size, meta.mtime, meta.etag
         node.validated_at = self._clock()
         self.meta.set_validated(node)
+        attrs = attrs_from_metadata(meta.metadata or {})
+        if attrs and attrs != node.attrs:
+            node.attrs = attrs
+            self.meta.set_attrs(node.ino, attrs)
         return node
 
     async def refresh(self, node: Inode) -> Inode:
         """Force revalidation (after If-Match failed)."""
         node.validated_at = 0.0
         return await self.revalidate(node)
+
+    # ---- changes (the FUSE layer has checked read-only and permissions) -----------------
+
+    def _name(self, name: bytes) -> str:
+        try:
+            sname = name.decode()
+        except UnicodeDecodeError:
+            raise InvalidArgument("names must be UTF-8 (S3 keys are)") from None
+        if sname in ("", ".", "..") or "/" in sname or len(name) > MAX_NAME:
+            raise InvalidArgument(f"{sname!r} cannot be a key segment")
+        return sname
+
+    def create_file(self, parent: int, name: bytes) -> Inode:
+        """A new, empty file known only here until its first upload."""
+        d = self._dir(parent)
+        key = d.key + self._name(name)
+        now = self._clock()
+        self._negative.pop((parent, name), None)
+        return self.meta.upsert(parent, name, FILE, 0, now, "", key, now)
+
+    async def mkdir(self, parent: int, name: bytes) -> Inode:
+        d = self._dir(parent)
+        key = d.key + self._name(name) + "/"
+        await self.backend.put(key, b"")  # the marker makes an empty directory exist
+        now = self._clock()
+        self._negative.pop((parent, name), None)
+        node = self.meta.upsert(parent, name, DIR, 0, now, "", key, now)
+        self.meta.store_listing(node.ino, [], now)  # known empty: no LIST needed
+        return node
+
+    async def rmdir(self, parent: int, name: bytes) -> None:
+        node = await self.lookup(parent, name)
+        if not node.is_dir:
+            raise NotADirectory(node.key)
+        if any(True for _ in self.meta.children(node.ino) if self._local(_[1].ino)):
+            raise NotEmpty(node.key)
+        page = await self.backend.list(node.key, "/", None, 2)
+        if page.prefixes or any(o.key != node.key for o in page.objects):
+            raise NotEmpty(node.key)
+        await self.backend.delete(node.key)
+        self.meta.remove(parent, name)
+        self.meta.forget_listing(node.ino)
+        self._negative[(parent, name)] = True
+
+    async def unlink(self, parent: int, name: bytes) -> Inode:
+        node = await self.lookup(parent, name)
+        if node.is_dir:
+            raise IsADirectory(node.key)
+        if node.etag:  # it exists in the bucket (a file never uploaded does not)
+            await self.backend.delete(node.key)
+        self.meta.remove(parent, name)
+        self._negative[(parent, name)] = True
+        return node
+
+    async def symlink(self, parent: int, name: bytes, target: bytes) -> Inode:
+        d = self._dir(parent)
+        key = d.key + self._name(name)
+        attrs = {"symlink": target.decode(errors="surrogateescape")}
+        meta = await self.backend.put(key, target, metadata_from_attrs(attrs))
+        now = self._clock()
+        self._negative.pop((parent, name), None)
+        node = self.meta.upsert(parent, name, SYMLINK, len(target), now, meta.etag, key, now)
+        self.meta.set_attrs(node.ino, attrs)
+        node.attrs = attrs
+        return node
+
+    async def readlink(self, ino: int) -> bytes:
+        node = self.inode(ino)
+        if "symlink" not in node.attrs:
+            target = await self.backend.get(node.key, 0, node.size, node.etag)
+            node.attrs["symlink"] = target.decode(errors="surrogateescape")
+            self.meta.set_attrs(ino, node.attrs)
+        return node.attrs["symlink"].encode(errors="surrogateescape")
+
+    async def set_attrs(self, node: Inode, changes: dict) -> Inode:
+        """chmod/chown/utimens: kept in the index and, for uploaded files, in S3 metadata."""
+        attrs = {**node.attrs, **changes}
+        if node.kind == FILE and node.etag and not self._local(node.ino):
+            # S3 cannot edit metadata: copy the object onto itself with the new metadata
+            etag = await self.backend.copy(node.key, node.key, node.etag, metadata_from_attrs(attrs))
+            node.etag, node.validated_at = etag, self._clock()
+            self.meta.set_validated(node)
+        node.attrs = attrs
+        self.meta.set_attrs(node.ino, attrs)
+        return node
+
+    async def list_tree(self, prefix: str, limit: int) -> list[ObjectMeta] | None:
+        """Every object under a prefix, or None when there are more than limit."""
+        keys: list[ObjectMeta] = []
+        token = None
+        while True:
+            page = await self.backend.list(prefix, None, token)
+            keys += page.objects
+            if len(keys) > limit:
+                return None
+            token = page.next_token
+            if token is None:
+                return keys
+
+    def renamed(self, node: Inode, new_parent: int, new_name: bytes, new_key: str) -> Inode:
+        self._negative.pop((new_parent, new_name), None)
+        self._negative[(node.parent, node.key.rstrip("/").rpartition("/")[2].encode())] = True
+        return self.meta.move(node, new_parent, new_name, new_key)
+
+
+# chmod/chown/utimens and symlinks travel with the object as user metadata
+_META_KEYS = {"mode": "tierfs-mode", "uid": "tierfs-uid", "gid": "tierfs-gid",
+              "mtime": "tierfs-mtime", "symlink": "tierfs-symlink"}
+
+
+def metadata_from_attrs(attrs: dict) -> dict[str, str]:
+    out = {}
+    for k, v in attrs.items():
+        if k == "symlink":
+            out[_META_KEYS[k]] = "1"  # the target is the object's content
+        elif k in _META_KEYS:
+            out[_META_KEYS[k]] = oct(v) if k == "mode" else str(v)
+    return out
+
+
+def attrs_from_metadata(metadata: dict[str, str]) -> dict:
+    out: dict = {}
+    try:
+        if "tierfs-mode" in metadata:
+            out["mode"] = int(metadata["tierfs-mode"], 8)
+        for k in ("uid", "gid"):
+            if f"tierfs-{k}" in metadata:
+                out[k] = int(metadata[f"tierfs-{k}"])
+        if "tierfs-mtime" in metadata:
+            out["mtime"] = float(metadata["tierfs-mtime"])
+    except ValueError:
+        log.warning("ignoring malformed tierfs metadata %r", metadata)
+    return out

@@ -169,7 +169,8 @@ def test_object_overwritten_behind_the_mount(rgw, bucket, tmp_path):
 
 def test_read_only_mount_refuses_writes(rgw, bucket, tmp_path):
     put_many(rgw.client(), bucket, {"a.txt": b"a"})
-    with Mount(rgw, f"s3://{bucket}", tmp_path / "mnt", tmp_path / "cache") as m:
+    with Mount(rgw, f"s3://{bucket}", tmp_path / "mnt", tmp_path / "cache",
+               ["--read-only"]) as m:
         for action in (lambda: open(m.path / "new.txt", "w"),
                        lambda: open(m.path / "a.txt", "a"),
                        lambda: os.mkdir(m.path / "d"),

@@ -7,7 +7,7 @@ counts every request in the metrics. A backend raises only tierfs.errors types.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 
@@ -17,6 +17,8 @@ class ObjectMeta:
     size: int
     etag: str  # without quotes; identifies one version of the object's bytes
     mtime: float  # seconds since the epoch
+    # user metadata (x-amz-meta-*), known only from HEAD or our own writes
+    metadata: dict[str, str] | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -43,6 +45,23 @@ class Backend(Protocol):
         With etag set, raises PreconditionFailed if the object's ETag differs.
         """
 
-    def put(self, key: str, data: bytes) -> ObjectMeta: ...
+    def put(self, key: str, data: bytes, metadata: dict[str, str] | None = None) -> ObjectMeta: ...
+
+    def copy(self, src: str, dst: str, src_etag: str | None,
+             metadata: dict[str, str] | None = None) -> str:
+        """Server-side copy, returning the new ETag; metadata=None keeps the source's."""
 
     def delete(self, key: str) -> None: ...
+
+    # multipart upload: parts are numbered from 1; all but the last are >= 5 MiB
+    def mpu_create(self, key: str, metadata: dict[str, str] | None = None) -> str: ...
+
+    def upload_part(self, key: str, upload_id: str, part: int, data: bytes) -> str: ...
+
+    def upload_part_copy(self, key: str, upload_id: str, part: int, src: str, src_etag: str,
+                         start: int, length: int) -> str: ...
+
+    def mpu_complete(self, key: str, upload_id: str, parts: list[tuple[int, str]]) -> str:
+        """Returns the new object's ETag."""
+
+    def mpu_abort(self, key: str, upload_id: str) -> None: ...

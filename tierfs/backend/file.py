@@ -7,12 +7,20 @@ overwrite would. Listing semantics (ordering, delimiter, paging) follow ListObje
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
+import shutil
 import tempfile
 import time
+import uuid
 
 from ..errors import BackendError, NoSuchBucket, NotFound, PreconditionFailed
 from .base import ListPage, ObjectMeta
+
+
+_PRIVATE = ".tierfs-"  # names the backend keeps for itself; never listed
+_META_XATTR = "user.tierfs.metadata"
 
 
 class FileBackend:
@@ -42,6 +50,8 @@ class FileBackend:
         top = os.path.join(self.root, base) if base else self.root
         out = []
         for dirpath, dirnames, filenames in os.walk(top):
+            dirnames[:] = [d for d in dirnames if not d.startswith(_PRIVATE)]
+            filenames = [n for n in filenames if not n.startswith(_PRIVATE)]
             rel = os.path.relpath(dirpath, self.root)
             rel = "" if rel == "." else rel.replace(os.sep, "/") + "/"
             if rel and not dirnames and not filenames:
@@ -90,7 +100,8 @@ class FileBackend:
         path = self._path(key)
         if key.endswith("/") != os.path.isdir(path) or (key.endswith("/") and os.listdir(path)):
             raise NotFound(f"head {key!r}: not found")  # only an empty dir stands for a marker
-        return self._meta(key, st)
+        meta = self._meta(key, st)
+        return ObjectMeta(meta.key, meta.size, meta.etag, meta.mtime, self._metadata(path))
 
     def get(self, key: str, start: int, length: int, etag: str | None) -> bytes:
         try:
@@ -104,24 +115,103 @@ class FileBackend:
         except OSError as exc:
             raise BackendError(f"get {key!r} at {start}: {exc}") from None
 
-    def put(self, key: str, data: bytes) -> ObjectMeta:
+    def put(self, key: str, data: bytes, metadata: dict[str, str] | None = None) -> ObjectMeta:
         path = self._path(key)
         if key.endswith("/"):
             os.makedirs(path, exist_ok=True)
             return self._meta(key, os.stat(path))
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".tierfs-put-")
+        fd, tmp = tempfile.mkstemp(dir=self._staging(), prefix="put-")
         with os.fdopen(fd, "wb") as f:
             f.write(data)
+        return self._publish(tmp, path, key, metadata)
+
+    def _staging(self) -> str:
+        d = os.path.join(self.root, _PRIVATE + "staging")
+        os.makedirs(d, exist_ok=True)
+        return d
+
+    def _publish(self, tmp: str, path: str, key: str, metadata: dict[str, str] | None) -> ObjectMeta:
+        os.setxattr(tmp, _META_XATTR, json.dumps(metadata or {}).encode())
         os.replace(tmp, path)
         # distinct mtimes give distinct ETags even for two writes in one clock tick
         now = time.time_ns()
         os.utime(path, ns=(now, now))
-        return self._meta(key, os.stat(path))
+        meta = self._meta(key, os.stat(path))
+        return ObjectMeta(meta.key, meta.size, meta.etag, meta.mtime, metadata or {})
+
+    def copy(self, src: str, dst: str, src_etag: str | None,
+             metadata: dict[str, str] | None = None) -> str:
+        spath, dpath = self._path(src), self._path(dst)
+        try:
+            with open(spath, "rb") as f:
+                if src_etag and self._meta(src, os.fstat(f.fileno())).etag != src_etag:
+                    raise PreconditionFailed(f"copy {src!r}: object changed (ETag mismatch)")
+                data = f.read()
+        except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+            raise NotFound(f"copy {src!r}: not found") from None
+        keep = self._metadata(spath) if metadata is None else metadata
+        return self.put(dst, data, keep).etag
+
+    def _metadata(self, path: str) -> dict[str, str]:
+        try:
+            return json.loads(os.getxattr(path, _META_XATTR))
+        except OSError:
+            return {}
+
+    # multipart: parts are files in a private staging folder, joined on completion
+    def mpu_create(self, key: str, metadata: dict[str, str] | None = None) -> str:
+        upload_id = uuid.uuid4().hex
+        d = os.path.join(self._staging(), "mpu-" + upload_id)
+        os.makedirs(d)
+        with open(os.path.join(d, "meta"), "w") as f:
+            json.dump({"key": key, "metadata": metadata or {}}, f)
+        return upload_id
+
+    def _part_path(self, upload_id: str, part: int) -> str:
+        d = os.path.join(self._staging(), "mpu-" + upload_id)
+        if not os.path.isdir(d):
+            raise NotFound(f"upload {upload_id} does not exist")
+        return os.path.join(d, f"part-{part:05d}")
+
+    def upload_part(self, key: str, upload_id: str, part: int, data: bytes) -> str:
+        with open(self._part_path(upload_id, part), "wb") as f:
+            f.write(data)
+        return hashlib.md5(data).hexdigest()
+
+    def upload_part_copy(self, key: str, upload_id: str, part: int, src: str, src_etag: str,
+                         start: int, length: int) -> str:
+        return self.upload_part(key, upload_id, part, self.get(src, start, length, src_etag))
+
+    def mpu_complete(self, key: str, upload_id: str, parts: list[tuple[int, str]]) -> str:
+        d = os.path.join(self._staging(), "mpu-" + upload_id)
+        with open(os.path.join(d, "meta")) as f:
+            metadata = json.load(f)["metadata"]
+        fd, tmp = tempfile.mkstemp(dir=self._staging(), prefix="put-")
+        with os.fdopen(fd, "wb") as out:
+            for n, _ in parts:
+                with open(self._part_path(upload_id, n), "rb") as part:
+                    shutil.copyfileobj(part, out)
+        path = self._path(key)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        etag = self._publish(tmp, path, key, metadata).etag
+        shutil.rmtree(d, ignore_errors=True)
+        return etag
+
+    def mpu_abort(self, key: str, upload_id: str) -> None:
+        shutil.rmtree(os.path.join(self._staging(), "mpu-" + upload_id), ignore_errors=True)
 
     def delete(self, key: str) -> None:
         try:
             path = self._path(key)
             os.rmdir(path) if key.endswith("/") else os.unlink(path)
         except (FileNotFoundError, NotFound):
-            pass
+            return
+        # an emptied directory would read as a "dir/" marker: S3 has no such leftover
+        parent = os.path.dirname(path.rstrip("/"))
+        while parent != self.root and parent.startswith(self.root):
+            try:
+                os.rmdir(parent)
+            except OSError:
+                break
+            parent = os.path.dirname(parent)

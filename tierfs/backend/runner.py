@@ -61,3 +61,37 @@ class AsyncBackend:
         data = await self._call("get", fn, background)
         self.metrics.backend_bytes.inc(len(data))
         return data
+
+    # writes run at foreground priority: a flush or fsync has a caller waiting on it
+
+    async def put(self, key: str, data: bytes, metadata: dict[str, str] | None = None) -> ObjectMeta:
+        return await self._call("put", functools.partial(self.sync.put, key, data, metadata), False)
+
+    async def copy(self, src: str, dst: str, src_etag: str | None,
+                   metadata: dict[str, str] | None = None) -> str:
+        fn = functools.partial(self.sync.copy, src, dst, src_etag, metadata)
+        return await self._call("copy", fn, False)
+
+    async def delete(self, key: str) -> None:
+        await self._call("delete", functools.partial(self.sync.delete, key), False)
+
+    async def mpu_create(self, key: str, metadata: dict[str, str] | None = None) -> str:
+        return await self._call("mpu_create", functools.partial(self.sync.mpu_create, key, metadata),
+                                False)
+
+    async def upload_part(self, key: str, upload_id: str, part: int, data: bytes) -> str:
+        fn = functools.partial(self.sync.upload_part, key, upload_id, part, data)
+        return await self._call("upload_part", fn, False)
+
+    async def upload_part_copy(self, key: str, upload_id: str, part: int, src: str, src_etag: str,
+                               start: int, length: int) -> str:
+        fn = functools.partial(self.sync.upload_part_copy, key, upload_id, part, src, src_etag,
+                               start, length)
+        return await self._call("upload_part_copy", fn, False)
+
+    async def mpu_complete(self, key: str, upload_id: str, parts: list[tuple[int, str]]) -> str:
+        fn = functools.partial(self.sync.mpu_complete, key, upload_id, parts)
+        return await self._call("mpu_complete", fn, False)
+
+    async def mpu_abort(self, key: str, upload_id: str) -> None:
+        await self._call("mpu_abort", functools.partial(self.sync.mpu_abort, key, upload_id), False)

@@ -7,6 +7,8 @@ boto3's standard chain (environment, shared files, instance roles).
 
 from __future__ import annotations
 
+import time
+
 import boto3
 import botocore.exceptions as bex
 from botocore.config import Config
@@ -99,7 +101,8 @@ class S3Backend:
             r = self._s3.head_object(Bucket=self.bucket, Key=key)
         except Exception as exc:  # noqa: BLE001
             raise self._error(exc, f"head {key!r}") from None
-        return ObjectMeta(key, r["ContentLength"], _etag(r["ETag"]), r["LastModified"].timestamp())
+        return ObjectMeta(key, r["ContentLength"], _etag(r["ETag"]), r["LastModified"].timestamp(),
+                          r.get("Metadata") or {})
 
     def get(self, key: str, start: int, length: int, etag: str | None) -> bytes:
         kw: dict = {"Bucket": self.bucket, "Key": key, "Range": f"bytes={start}-{start + length - 1}"}
@@ -117,12 +120,73 @@ class S3Backend:
                                f"asked for {length}")
         return data
 
-    def put(self, key: str, data: bytes) -> ObjectMeta:
+    def put(self, key: str, data: bytes, metadata: dict[str, str] | None = None) -> ObjectMeta:
         try:
-            r = self._s3.put_object(Bucket=self.bucket, Key=key, Body=data)
+            r = self._s3.put_object(Bucket=self.bucket, Key=key, Body=data,
+                                    Metadata=metadata or {})
         except Exception as exc:  # noqa: BLE001
             raise self._error(exc, f"put {key!r}") from None
-        return ObjectMeta(key, len(data), _etag(r["ETag"]), 0.0)
+        return ObjectMeta(key, len(data), _etag(r["ETag"]), time.time(), metadata or {})
+
+    def copy(self, src: str, dst: str, src_etag: str | None,
+             metadata: dict[str, str] | None = None) -> str:
+        kw: dict = {"Bucket": self.bucket, "Key": dst,
+                    "CopySource": {"Bucket": self.bucket, "Key": src}}
+        if src_etag:
+            kw["CopySourceIfMatch"] = f'"{src_etag}"'
+        if metadata is not None:
+            kw["Metadata"] = metadata
+            kw["MetadataDirective"] = "REPLACE"
+        try:
+            r = self._s3.copy_object(**kw)
+        except Exception as exc:  # noqa: BLE001
+            raise self._error(exc, f"copy {src!r} to {dst!r}") from None
+        return _etag(r["CopyObjectResult"]["ETag"])
+
+    def mpu_create(self, key: str, metadata: dict[str, str] | None = None) -> str:
+        try:
+            r = self._s3.create_multipart_upload(Bucket=self.bucket, Key=key,
+                                                 Metadata=metadata or {})
+        except Exception as exc:  # noqa: BLE001
+            raise self._error(exc, f"start upload of {key!r}") from None
+        return r["UploadId"]
+
+    def upload_part(self, key: str, upload_id: str, part: int, data: bytes) -> str:
+        try:
+            r = self._s3.upload_part(Bucket=self.bucket, Key=key, UploadId=upload_id,
+                                     PartNumber=part, Body=data)
+        except Exception as exc:  # noqa: BLE001
+            raise self._error(exc, f"upload part {part} of {key!r}") from None
+        return _etag(r["ETag"])
+
+    def upload_part_copy(self, key: str, upload_id: str, part: int, src: str, src_etag: str,
+                         start: int, length: int) -> str:
+        try:
+            r = self._s3.upload_part_copy(
+                Bucket=self.bucket, Key=key, UploadId=upload_id, PartNumber=part,
+                CopySource={"Bucket": self.bucket, "Key": src},
+                CopySourceIfMatch=f'"{src_etag}"',
+                CopySourceRange=f"bytes={start}-{start + length - 1}")
+        except Exception as exc:  # noqa: BLE001
+            raise self._error(exc, f"copy part {part} of {key!r} from {src!r}") from None
+        return _etag(r["CopyPartResult"]["ETag"])
+
+    def mpu_complete(self, key: str, upload_id: str, parts: list[tuple[int, str]]) -> str:
+        try:
+            r = self._s3.complete_multipart_upload(
+                Bucket=self.bucket, Key=key, UploadId=upload_id,
+                MultipartUpload={"Parts": [{"PartNumber": n, "ETag": f'"{e}"'} for n, e in parts]})
+        except Exception as exc:  # noqa: BLE001
+            raise self._error(exc, f"complete upload of {key!r}") from None
+        return _etag(r["ETag"])
+
+    def mpu_abort(self, key: str, upload_id: str) -> None:
+        try:
+            self._s3.abort_multipart_upload(Bucket=self.bucket, Key=key, UploadId=upload_id)
+        except Exception as exc:  # noqa: BLE001
+            err = self._error(exc, f"abort upload of {key!r}")
+            if not isinstance(err, NotFound):
+                raise err from None
 
     def delete(self, key: str) -> None:
         try:

@@ -12,8 +12,9 @@ Contract (see docs/architecture.md, "Concurrency"):
 from __future__ import annotations
 
 import logging
+import os
 import time
-from typing import Callable
+from typing import Callable, Iterable
 
 import trio
 
@@ -45,6 +46,8 @@ class ChunkCache:
         self._used = 0
         self._writing: set[bytes] = set()
         self._reserved = 0  # bytes of chunks being written, already counted against the budget
+        self._dirty = 0  # bytes of unsaved writes (write-back staging): budgeted, never evicted
+        self._dirty_released = trio.Event()
         self._pending_puts: dict[bytes, ChunkRecord] = {}
         self._pending_deletes: set[bytes] = set()
         self._pending_objects: dict[bytes, dict] = {}
@@ -174,8 +177,8 @@ class ChunkCache:
             self._publish()
 
     async def _make_room(self, incoming: int) -> bool:
-        victims, fits = self.evictor.victims(self._index, self._used + self._reserved, incoming,
-                                             self._writing)
+        victims, fits = self.evictor.victims(self._index, self._used + self._reserved + self._dirty,
+                                             incoming, self._writing)
         for key in victims:
             await self.drop(key, evicted=True)
         if not fits and not self._full_logged:
@@ -197,6 +200,64 @@ class ChunkCache:
         await trio.to_thread.run_sync(self.disk.delete, ckey)
         self._publish()
 
+    # ---- dirty data ----------------------------------------------------------------
+
+    async def reserve_dirty(self, nbytes: int, wait_s: float) -> bool:
+        """Count nbytes of new dirty data against the budget, evicting clean chunks first.
+
+        If they do not fit, wait up to wait_s for dirty data to be released (uploads to
+        finish); False if they still do not fit: the writer answers ENOSPC.
+        """
+        with trio.move_on_after(wait_s):
+            while True:
+                victims, fits = self.evictor.victims(
+                    self._index, self._used + self._reserved + self._dirty, nbytes, self._writing)
+                for key in victims:
+                    await self.drop(key, evicted=True)
+                if fits:
+                    self._dirty += nbytes
+                    self._publish()
+                    return True
+                await self._dirty_released.wait()
+        return False
+
+    def force_dirty(self, nbytes: int) -> None:
+        """Count recovered dirty data, whatever the budget: it must be uploaded, not refused."""
+        self._dirty += nbytes
+        self._publish()
+
+    def release_dirty(self, nbytes: int) -> None:
+        self._dirty -= nbytes
+        self._dirty_released.set()
+        self._dirty_released = trio.Event()
+        self._publish()
+
+    @property
+    def dirty_bytes(self) -> int:
+        return self._dirty
+
+    async def rekey(self, old: ObjectVersion, new: ObjectVersion, indices: Iterable[int]) -> None:
+        """Cached chunks of `old` also serve `new` (same bytes: a copy, rename or an
+        untouched part of a rewritten object). Files are hard-linked, not copied."""
+        for index in indices:
+            okey, nkey = old.chunk_key(index), new.chunk_key(index)
+            rec = self._index.get(okey)
+            if rec is None or nkey in self._index:
+                continue
+            try:
+                await trio.to_thread.run_sync(os.link, self.disk.path(okey), self.disk.path(nkey))
+            except FileNotFoundError:
+                await trio.to_thread.run_sync(os.makedirs, os.path.dirname(self.disk.path(nkey)),
+                                              0o755, True)
+                await trio.to_thread.run_sync(os.link, self.disk.path(okey), self.disk.path(nkey))
+            copy = ChunkRecord(rec.length, rec.heat, rec.last_access, rec.crcs)
+            self._index[nkey] = copy
+            self._used += copy.length
+            self._pending_puts[nkey] = copy
+            self._pending_objects.setdefault(nkey[:16], {"bucket": new.bucket, "key": new.key,
+                                                         "etag": new.etag, "size": new.size})
+        self._publish()
+
     # ---- persistence ---------------------------------------------------------------
 
     async def flush_index(self) -> None:
@@ -215,6 +276,7 @@ class ChunkCache:
 
     def _publish(self) -> None:
         self.metrics.cache_bytes.labels("disk").set(self._used)
+        self.metrics.dirty_bytes.set(self._dirty)
         self.metrics.cache_bytes.labels("memory").set(self.memory.bytes)
 
     @property
