@@ -47,6 +47,7 @@ class OpenFile:
     pattern: ReadPattern = field(default_factory=ReadPattern)
     dirty: DirtyFile | None = None  # set when opened for writing
     wrote: bool = False
+    read_unsaved: bool = False  # has read from a DirtyFile since it was opened
 
 
 class FileIO:
@@ -109,10 +110,10 @@ class FileIO:
     def _version(self, node: Inode) -> ObjectVersion:
         return ObjectVersion(self.bucket, node.key, node.etag, node.size)
 
-    def release(self, fh: int) -> None:
+    async def release(self, fh: int) -> None:
         h = self._handles.pop(fh, None)
         if h is not None and h.dirty is not None and self.wb is not None:
-            self.wb.release(h.dirty)
+            await self.wb.release(h.dirty)
 
     def handle(self, fh: int) -> OpenFile:
         return self._handles[fh]
@@ -121,7 +122,15 @@ class FileIO:
         h = self._handles[fh]
         d = self.wb.get(h.node.ino) if self.wb is not None else None
         if d is not None:
+            h.read_unsaved = True
             return await self.wb.read(d, offset, size)  # type: ignore[union-attr]
+        if h.read_unsaved:
+            # the unsaved data this handle was reading has just been uploaded: the new
+            # version holds exactly those bytes, so the handle moves to it
+            h.read_unsaved = False
+            h.node = self.ns.inode(h.node.ino)
+            h.obj = self._version(h.node)
+            self._opened_etag[h.node.ino] = h.obj.etag
         newest = self._opened_etag.get(h.node.ino)
         if newest != h.obj.etag:
             self._kernel_stale.add(h.node.ino)
@@ -179,8 +188,8 @@ class FileIO:
 
     async def flush(self, fh: int) -> None:
         h = self._handles.get(fh)
-        if h is not None and h.dirty is not None and h.wrote and self.wb is not None:
-            await self.wb.flush(h.dirty)
+        if h is not None and h.dirty is not None and self.wb is not None:
+            await self.wb.flush(h.dirty)  # a no-op unless the file has unsaved changes
 
     async def fsync(self, fh: int) -> None:
         h = self._handles.get(fh)
@@ -219,13 +228,13 @@ class FileIO:
             await self.wb.truncate(d, size)  # type: ignore[union-attr]
             await self.wb.flush(d)  # type: ignore[union-attr]
         finally:
-            self.wb.release(d)  # type: ignore[union-attr]
+            await self.wb.release(d)  # type: ignore[union-attr]
 
     async def unlink(self, parent: int, name: bytes) -> None:
         node = await self.ns.lookup(parent, name)
         d = self.wb.get(node.ino) if self.wb is not None else None
         if d is not None:
-            self.wb.discard(d)  # type: ignore[union-attr]
+            await self.wb.discard(d)  # type: ignore[union-attr]
         await self.ns.unlink(parent, name)
 
     async def rename(self, parent: int, name: bytes, new_parent: int, new_name: bytes,
@@ -262,7 +271,7 @@ class FileIO:
         new = ObjectVersion(self.bucket, new_key, etag, node.size)
         await self.cache.rekey(old, new, range(-(-node.size // self.chunk_size)))
         if target is not None and self.wb is not None and self.wb.get(target.ino) is not None:
-            self.wb.discard(self.wb.get(target.ino))  # type: ignore[arg-type]
+            await self.wb.discard(self.wb.get(target.ino))  # type: ignore[arg-type]
         await self.ns.backend.delete(node.key)
         node.etag = etag
         self.ns.renamed(node, new_parent, new_name, new_key)

@@ -165,7 +165,7 @@ class FuseOps(pyfuse3.Operations):
 
     @_op("release")
     async def release(self, fh: int) -> None:
-        self.io.release(fh)
+        await self.io.release(fh)
 
     @_op("statfs")
     async def statfs(self, ctx: Any) -> pyfuse3.StatvfsData:

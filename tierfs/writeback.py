@@ -218,26 +218,30 @@ class WriteBack:
                 raise
             self._after_upload(d)
 
-    def release(self, d: DirtyFile) -> None:
+    async def release(self, d: DirtyFile) -> None:
         """The last close of a writer: schedule the upload (write-back) or forget the file."""
         d.writers -= 1
         if d.writers > 0:
             return
-        if d.unlinked or d.clean:
-            self._forget(d)
-        elif d.journaled:
-            self._queue_send.send_nowait(d.ino)
+        async with d.lock:  # an upload in progress still reads the staging file
+            if d.writers > 0:
+                return
+            if d.unlinked or d.clean:
+                self._forget(d)
+            elif d.journaled:
+                self._queue_send.send_nowait(d.ino)
 
     async def _journal(self, d: DirtyFile) -> None:
         await trio.to_thread.run_sync(os.fsync, d.fd)
         await trio.to_thread.run_sync(self.meta.put_dirty, d.ino, d.record())
         d.journaled = True
 
-    def discard(self, d: DirtyFile) -> None:
+    async def discard(self, d: DirtyFile) -> None:
         """The file was unlinked: its unsaved data has nowhere to go."""
         d.unlinked = True
-        if d.writers == 0:
-            self._forget(d)
+        async with d.lock:
+            if d.writers == 0:
+                self._forget(d)
 
     def _forget(self, d: DirtyFile) -> None:
         if self.files.get(d.ino) is not d:

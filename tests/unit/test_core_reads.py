@@ -186,7 +186,7 @@ async def test_random_reads_are_byte_exact(tmp_path, memory_bytes):
             for off, n in [(CS - 1, 2), (CS, CS), (16 * KIB - 1, 2), (size - 1, 100),
                            (size, 10), (size + 1000, 10), (0, size + 1)]:
                 assert await c.io.read(h.fh, off, n) == data[off:off + n], (off, n)
-        c.io.release(h.fh)
+        await c.io.release(h.fh)
 
 
 async def test_sequential_read_of_a_whole_file(tmp_path):
