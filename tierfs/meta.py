@@ -195,6 +195,9 @@ class MetaStore:
             txn.put(dkey, _u64(ino), db=self._dentries)
         node = Inode(ino, parent, kind, size, mtime, etag, key, now)
         txn.put(_u64(ino), node.pack(), db=self._inodes)
+        attrs = txn.get(_u64(ino), db=self._attrs)
+        if attrs is not None:
+            node.attrs = json.loads(attrs)
         return node
 
     def upsert(self, parent: int, name: bytes, kind: int, size: int, mtime: float, etag: str,
