@@ -39,7 +39,7 @@ from .writeback import WriteBack
 log = logging.getLogger(__name__)
 
 RUN_DIR = "/run/tierfs"
-BLOCK_SIZE = 256 << 10  # checksum and memory-tier unit: a 4 KiB read verifies 256 KiB
+BLOCK_SIZE = 64 << 10  # checksum unit: a 4 KiB read verifies 64 KiB; 512 B of CRCs per 8 MiB
 DRAIN_TIMEOUT_S = 60.0  # at shutdown, pending uploads get this long; the journal keeps the rest
 
 
@@ -143,7 +143,8 @@ async def serve(cfg: MountConfig, on_ready: Callable[[], None]) -> None:
             if recovered:
                 log.info("%d files with unsaved writes recovered from the journal", recovered)
             ns = Namespace(meta, backend, metrics, root_prefix=cfg.source.prefix,
-                           ttl_s=cfg.metadata_ttl, has_local_writes=wb.is_dirty)
+                           ttl_s=cfg.metadata_ttl, has_local_writes=wb.is_dirty,
+                           nursery=nursery)
             fileio = FileIO(ns, cache, fetcher, prefetcher, metrics, bucket=cfg.source.bucket,
                             writeback=wb, rename_max_objects=cfg.rename_max_objects)
             ops = FuseOps(cfg, ns, fileio, cache, metrics)

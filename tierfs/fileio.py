@@ -163,7 +163,8 @@ class FileIO:
             lo, hi = max(offset, base) - base, min(end, base + cs) - base
             first, last = lo // bs, (hi - 1) // bs
             ckey = obj.chunk_key(index)
-            hit = await self.cache.read(ckey, first, last, touch=index not in h.touched)
+            first_access = index not in h.touched and index not in h.pattern.fetched
+            hit = await self.cache.read(ckey, first, last, touch=first_access)
             if hit is not None:
                 data, source = hit
                 skip = first * bs

@@ -19,7 +19,8 @@ from cachetools import TTLCache
 
 from .backend.base import ObjectMeta
 from .backend.runner import AsyncBackend
-from .errors import (InvalidArgument, IsADirectory, NotADirectory, NotEmpty, NotFound)
+from .errors import (InvalidArgument, IsADirectory, NotADirectory, NotEmpty, NotFound,
+                     TierfsError)
 from .meta import DIR, FILE, ROOT_INO, SYMLINK, Inode, MetaStore
 from .metrics import Metrics
 
@@ -31,8 +32,12 @@ MAX_NAME = 255
 class Namespace:
     def __init__(self, meta: MetaStore, backend: AsyncBackend, metrics: Metrics, *,
                  root_prefix: str, ttl_s: float, clock: Callable[[], float] = time.time,
-                 has_local_writes: Callable[[int], bool] = lambda ino: False) -> None:
+                 has_local_writes: Callable[[int], bool] = lambda ino: False,
+                 nursery: trio.Nursery | None = None) -> None:
         self.meta = meta
+        # where background listings run; without one, lookups stay targeted only
+        self._nursery = nursery
+        self._listing_soon: set[int] = set()
         # files with unsaved writes: what the bucket says about them is older than we know
         self._local = has_local_writes
         self.backend = backend
@@ -126,7 +131,26 @@ class Namespace:
             return node
         if (parent, name) in self._negative:
             raise NotFound(f"{d.key}{sname}")
+        self._list_in_background(parent)
         return await self._lookup_remote(d, sname, name)
+
+    def _list_in_background(self, ino: int) -> None:
+        """A lookup in an unlisted directory: answer it with two one-key LISTs now, and
+        list the whole directory meanwhile, so the next lookups there (a data loader
+        opening every file) are answered locally. A huge directory never delays a lookup."""
+        if self._nursery is None or ino in self._listing_soon:
+            return
+        self._listing_soon.add(ino)
+
+        async def run() -> None:
+            try:
+                await self.listdir(ino)
+            except TierfsError as exc:
+                log.debug("background listing of inode %d failed: %s", ino, exc)
+            finally:
+                self._listing_soon.discard(ino)
+
+        self._nursery.start_soon(run)
 
     async def _lookup_remote(self, d: Inode, sname: str, name: bytes) -> Inode:
         key = d.key + sname

@@ -10,7 +10,7 @@ read ahead, new requests are dropped (and counted), not queued.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import trio
 
@@ -27,6 +27,9 @@ class ReadPattern:
     next_offset: int = 0
     window: int = 0  # chunks to keep ahead; 0 = not sequential
     ahead_to: int = 0  # first chunk index not yet requested
+    # chunks read ahead from the backend for this handle: their fill already counted as
+    # this handle's access, or an unread read-ahead chunk would be colder than a read one
+    fetched: set[int] = field(default_factory=set)
 
 
 class Prefetcher:
@@ -66,15 +69,16 @@ class Prefetcher:
             if self.cache.in_memory(ckey, 0, 0) is not None:
                 continue
             self._active.add(ckey)
-            self._nursery.start_soon(self._bring, obj, index, ckey)
+            self._nursery.start_soon(self._bring, obj, index, ckey, pat)
 
-    async def _bring(self, obj: ObjectVersion, index: int, ckey: bytes) -> None:
+    async def _bring(self, obj: ObjectVersion, index: int, ckey: bytes, pat: ReadPattern) -> None:
         try:
             length = self.fetcher.chunk_length(obj, index)
             if self.cache.has(ckey):
                 last_block = self.cache.blocks_of(length) - 1
                 if await self.cache.read(ckey, 0, last_block, touch=False) is not None:
                     return
+            pat.fetched.add(index)
             await self.fetcher.chunk(obj, index, background=True)
         except TierfsError as exc:
             # the reader will meet the same error on its own request and report it
