@@ -47,7 +47,8 @@ class OpenFile:
     pattern: ReadPattern = field(default_factory=ReadPattern)
     dirty: DirtyFile | None = None  # set when opened for writing
     wrote: bool = False
-    read_unsaved: bool = False  # has read from a DirtyFile since it was opened
+    # opened or read while the file had unsaved writes: its version is the DirtyFile's
+    read_unsaved: bool = False
 
 
 class FileIO:
@@ -83,8 +84,9 @@ class FileIO:
             if flags & os.O_TRUNC and h.dirty.size:
                 await self.wb.truncate(h.dirty, 0)  # type: ignore[union-attr]
         self._handles[h.fh] = h
+        h.read_unsaved = bool(self.wb and self.wb.is_dirty(ino))
         keep = (self._opened_etag.get(ino) == node.etag and ino not in self._kernel_stale
-                and not (self.wb and self.wb.is_dirty(ino)))
+                and not h.read_unsaved)
         self._opened_etag[ino] = node.etag
         self._kernel_stale.discard(ino)
         return h, keep
@@ -297,14 +299,15 @@ class FileIO:
             raise CrossDevice(f"{node.key} holds more than {self.rename_max_objects} objects")
         new_prefix = dest_dir.key + new_name.decode() + "/"
         limiter = trio.CapacityLimiter(8)
+        moved: dict[str, ObjectVersion] = {}
 
         async def move(obj) -> None:  # noqa: ANN001 - ObjectMeta
             async with limiter:
                 key = new_prefix + obj.key[len(node.key):]
                 etag = await self.ns.backend.copy(obj.key, key, obj.etag)
+                new = moved[obj.key] = ObjectVersion(self.bucket, key, etag, obj.size)
                 await self.cache.rekey(ObjectVersion(self.bucket, obj.key, obj.etag, obj.size),
-                                       ObjectVersion(self.bucket, key, etag, obj.size),
-                                       range(-(-obj.size // self.chunk_size)))
+                                       new, range(-(-obj.size // self.chunk_size)))
                 await self.ns.backend.delete(obj.key)
 
         async with trio.open_nursery() as nursery:
@@ -313,3 +316,14 @@ class FileIO:
         if not objects:
             await self.ns.backend.put(new_prefix, b"")  # keep an empty directory visible
         self.ns.renamed(node, new_parent, new_name, new_prefix)
+        # files still open for writing inside follow the directory, as POSIX handles do
+        for d in list(self.wb.files.values()) if self.wb is not None else ():
+            if d.key.startswith(node.key):
+                if d.base is not None and d.base.key in moved:
+                    d.base = moved[d.base.key]
+                d.key = new_prefix + d.key[len(node.key):]
+        for ino in [i for i, h in self._handles.items() if h.obj.key.startswith(node.key)]:
+            h = self._handles[ino]
+            if h.obj.key in moved:
+                h.obj = moved[h.obj.key]
+            h.node = self.ns.inode(h.node.ino)

@@ -137,6 +137,9 @@ class FuseOps(pyfuse3.Operations):
         entries = self._dirs[fh]
         for i in range(start_id, len(entries)):
             name, node = entries[i]
+            # the names are a snapshot, the attributes must not be: the kernel takes these
+            # (readdirplus) over what it knows, and an upload may have finished meanwhile
+            node = self.ns.inode(node.ino)
             if not pyfuse3.readdir_reply(token, name, self._attrs(node), i + 1):
                 break
 

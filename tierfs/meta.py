@@ -210,16 +210,26 @@ class MetaStore:
             txn.delete(_u64(parent) + name)
 
     def store_listing(self, parent: int, entries: Iterable[tuple[bytes, int, int, float, str, str]],
-                      now: float, keep: Callable[[int], bool] = lambda ino: False) -> None:
+                      now: float, keep: Callable[[int], bool] = lambda ino: False,
+                      since: float | None = None) -> None:
         """Replace a directory's children with a complete listing, in one transaction.
 
         entries: (name, kind, size, mtime, etag, key). Names no longer listed lose their
         dentry; their inode records stay so open handles and the kernel keep working.
         Entries for which keep(ino) is true (files with unsaved writes) are left alone:
-        local writes win over what the bucket still shows.
+        local writes win over what the bucket still shows. So are entries validated after
+        `since` (when the LIST began): a listing never undoes what was learned after it
+        started, such as an upload that finished while its pages were being read.
         """
         prefix = _u64(parent)
         with self.env.begin(write=True) as txn:
+            if since is not None:
+                base_keep = keep
+
+                def keep(ino: int) -> bool:  # noqa: F811 - widened on purpose
+                    raw = txn.get(_u64(ino), db=self._inodes)
+                    return base_keep(ino) or (
+                        raw is not None and Inode.unpack(ino, raw).validated_at > since)
             seen = set()
             for name, kind, size, mtime, etag, key in entries:
                 seen.add(name)

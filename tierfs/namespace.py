@@ -89,6 +89,7 @@ class Namespace:
 
     async def _list_into(self, d: Inode) -> None:
         prefix = d.key
+        started = self._clock()
         files: dict[str, tuple] = {}
         dirs: set[str] = set()
         token = None
@@ -111,7 +112,7 @@ class Namespace:
         entries = [(n.encode(), DIR, 0, now, "", prefix + n + "/") for n in dirs]
         entries += [(n.encode(), FILE, s, m, e, k) for n, (s, m, e, k) in files.items()
                     if n not in dirs]  # a name that is both: the directory wins
-        self.meta.store_listing(d.ino, entries, now, keep=self._local)
+        self.meta.store_listing(d.ino, entries, now, keep=self._local, since=started)
 
     async def lookup(self, parent: int, name: bytes) -> Inode:
         d = self._dir(parent)

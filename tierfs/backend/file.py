@@ -142,7 +142,10 @@ class FileBackend:
 
     def copy(self, src: str, dst: str, src_etag: str | None,
              metadata: dict[str, str] | None = None) -> str:
-        spath, dpath = self._path(src), self._path(dst)
+        spath = self._path(src)
+        if src.endswith("/"):  # a directory marker
+            self.head(src)
+            return self.put(dst, b"").etag
         try:
             with open(spath, "rb") as f:
                 if src_etag and self._meta(src, os.fstat(f.fileno())).etag != src_etag:
