@@ -159,6 +159,7 @@ async def serve(cfg: MountConfig, on_ready: Callable[[], None]) -> None:
                 nursery.start_soon(cache.run_flusher)
                 for _ in range(4):
                     nursery.start_soon(wb.run_uploader)
+                nursery.start_soon(wb.abort_orphaned_uploads)
                 nursery.start_soon(_stop_on_signal)
                 nursery.start_soon(_announce_ready, cfg.mountpoint, on_ready)
                 await pyfuse3.main()

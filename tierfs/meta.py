@@ -10,6 +10,8 @@ Named databases (keys are ordered binary, big-endian integers first):
   objects   object id -> bucket, key, etag, size (for reports and evict-by-path)
   attrs     ino -> JSON of what S3 listings do not carry: mode, uid, gid, mtime, symlink
             target (set through this mount, or read from object metadata by HEAD)
+  uploads   multipart upload id -> key, while the upload runs: after a crash, recovery
+            aborts the ones nobody will complete (their parts cost storage)
   dirty     ino -> JSON journal of a closed, not yet uploaded file (write-back); written
             with a full sync, because this is the only copy of acknowledged data
 
@@ -97,10 +99,14 @@ class MetaStore:
         try:
             # metasync off: a system crash may undo the last transaction but never corrupts;
             # everything stored here is either re-derivable or re-verified by checksum.
-            self.env = lmdb.open(path, map_size=map_size, max_dbs=8, metasync=False,
+            self.env = lmdb.open(path, map_size=map_size, max_dbs=16, metasync=False,
                                  readahead=False)
+            self._open_dbs()
         except lmdb.Error as exc:
             raise StartupError(f"cannot open the cache index in {path}: {exc}") from None
+        self._check_identity(source)
+
+    def _open_dbs(self) -> None:
         self._info = self.env.open_db(b"info")
         self._inodes = self.env.open_db(b"inodes")
         self._dentries = self.env.open_db(b"dentries")
@@ -109,7 +115,7 @@ class MetaStore:
         self._objects = self.env.open_db(b"objects")
         self._attrs = self.env.open_db(b"attrs")
         self._dirty = self.env.open_db(b"dirty")
-        self._check_identity(source)
+        self._uploads = self.env.open_db(b"uploads")
 
     def _check_identity(self, source: str) -> None:
         with self.env.begin(write=True) as txn:
@@ -309,6 +315,18 @@ class MetaStore:
     def delete_dirty(self, ino: int) -> None:
         with self.env.begin(write=True, db=self._dirty) as txn:
             txn.delete(_u64(ino))
+
+    def put_upload(self, upload_id: str, key: str) -> None:
+        with self.env.begin(write=True, db=self._uploads) as txn:
+            txn.put(upload_id.encode(), key.encode())
+
+    def delete_upload(self, upload_id: str) -> None:
+        with self.env.begin(write=True, db=self._uploads) as txn:
+            txn.delete(upload_id.encode())
+
+    def uploads(self) -> list[tuple[str, str]]:
+        with self.env.begin(db=self._uploads) as txn:
+            return [(bytes(k).decode(), bytes(v).decode()) for k, v in txn.cursor()]
 
     def dirty_records(self) -> list[tuple[int, dict]]:
         with self.env.begin(db=self._dirty) as txn:

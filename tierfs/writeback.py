@@ -283,8 +283,9 @@ class WriteBack:
 
     async def _multipart(self, d: DirtyFile, size: int) -> str:
         if d.upload_id is not None:  # left over from a failed attempt or a crash
-            await self.backend.mpu_abort(d.key, d.upload_id)
+            await self._abort(d.key, d.upload_id)
         d.upload_id = await self.backend.mpu_create(d.key, d.metadata)
+        self.meta.put_upload(d.upload_id, d.key)
         ps, cs = self.part_size, self.chunk_size
         count = -(-size // ps)
         etags: list[str] = [""] * count
@@ -306,8 +307,24 @@ class WriteBack:
                 nursery.start_soon(part, n)
         etag = await self.backend.mpu_complete(d.key, d.upload_id,
                                                [(n + 1, e) for n, e in enumerate(etags)])
+        self.meta.delete_upload(d.upload_id)
         d.upload_id = None
         return etag
+
+    async def _abort(self, key: str, upload_id: str) -> None:
+        await self.backend.mpu_abort(key, upload_id)
+        self.meta.delete_upload(upload_id)
+
+    async def abort_orphaned_uploads(self) -> None:
+        """Multipart uploads a crash left behind with no journaled file to finish them."""
+        owned = {d.upload_id for d in self.files.values()}
+        for upload_id, key in self.meta.uploads():
+            if upload_id not in owned:
+                try:
+                    await self._abort(key, upload_id)
+                    log.info("aborted the unfinished upload of %r left by a crash", key)
+                except TierfsError as exc:
+                    log.warning("could not abort the unfinished upload of %r: %s", key, exc)
 
     async def _keep_in_cache(self, d: DirtyFile, new: ObjectVersion) -> None:
         """The uploaded bytes stay cached under the new ETag: restore on this node is free."""
