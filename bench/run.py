@@ -387,8 +387,10 @@ class Source:
 
 class TierfsMount:
     def __init__(self, rgw: Rgw, root: str, name: str, *, cache_size: str | int,
-                 memory_cache_size: int, cache_dir: str | None = None) -> None:
+                 memory_cache_size: int, cache_dir: str | None = None,
+                 extra_args: tuple[str, ...] = ()) -> None:
         self.rgw = rgw
+        self.extra_args = tuple(extra_args)  # more `tierfs mount` flags (bench/write.py)
         self.root = root
         self.mnt = os.path.join(root, f"mnt-{name}")
         self.cache_dir = cache_dir or os.path.join(root, f"cache-{name}")
@@ -407,7 +409,7 @@ class TierfsMount:
         cmd = [*_tierfs_cmd(), "mount", f"s3://{BUCKET}", self.mnt,
                "--endpoint-url", e["S3_ENDPOINT"], "--cache-dir", self.cache_dir,
                "--cache-size", self.cache_size, "--memory-cache-size", self.memory_cache_size,
-               "--metrics-addr", f"127.0.0.1:{self.port}"]
+               "--metrics-addr", f"127.0.0.1:{self.port}", *self.extra_args]
         t0 = time.perf_counter()
         # cwd outside the repo: `python -m tierfs` puts the cwd first on sys.path
         r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120,
@@ -417,7 +419,8 @@ class TierfsMount:
         with open(_pid_file(self.mnt)) as f:
             self.pid = int(f.read().strip())
         log(f"tierfs mounted on {self.mnt} (pid {self.pid}, cache {self.cache_dir}, "
-            f"--cache-size {self.cache_size} --memory-cache-size {self.memory_cache_size}) "
+            f"--cache-size {self.cache_size} --memory-cache-size {self.memory_cache_size}"
+            f"{''.join(' ' + a for a in self.extra_args)}) "
             f"in {time.perf_counter() - t0:.1f}s")
 
     def log_tail(self, lines: int = 20) -> str:
