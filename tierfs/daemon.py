@@ -49,7 +49,7 @@ def pid_file(mountpoint: str) -> str:
 
 def check_mountpoint(path: str) -> None:
     try:
-        st = os.stat(path)
+        os.stat(path)
     except FileNotFoundError:
         raise StartupError(f"mount point {path} does not exist") from None
     except OSError as exc:
@@ -63,7 +63,6 @@ def check_mountpoint(path: str) -> None:
         raise StartupError(f"mount point {path} is already mounted")
     if os.listdir(path):
         raise StartupError(f"mount point {path} is not empty")
-    del st
 
 
 def prepare_cache_dir(path: str) -> None:

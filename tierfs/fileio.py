@@ -23,7 +23,7 @@ import trio
 
 from .cache import ChunkCache, ObjectVersion
 from .errors import (BackendError, CrossDevice, Exists, InvalidArgument, IsADirectory,
-                     NotADirectory, NotEmpty, NotFound, PreconditionFailed, StaleObject)
+                     NotADirectory, NotFound, PreconditionFailed, StaleObject)
 from .fetch import Fetcher
 from .meta import Inode
 from .metrics import Metrics
