@@ -113,6 +113,9 @@ class MountConfig:
     backend_concurrency: int = 16
     backend_timeout: float = 30.0
     backend_retries: int = 4
+    # keep glibc from hoarding freed 8 MiB chunk buffers (RSS stays near the memory tier);
+    # costs cold-read throughput, as every chunk buffer is a fresh mmap (bench/README.md)
+    bounded_memory: bool = True
     # write-back: close() returns before the upload (fsync still waits for S3)
     writeback: bool = False
     # how long writers wait for uploads to free budget before ENOSPC
@@ -184,6 +187,7 @@ _CONVERTERS = {
     "backend_timeout": parse_duration,
     "dirty_wait": parse_duration,
     "writeback": parse_bool,
+    "bounded_memory": parse_bool,
     "allow_other": parse_bool,
     "read_only": parse_bool,
 }

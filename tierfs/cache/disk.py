@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import mmap
 import os
-import threading
+import queue
 import zlib
 
 from ..errors import CacheCorrupt
@@ -19,6 +19,7 @@ from .keys import chunk_name
 
 _ALIGN = 4096
 _DIRECT_MIN = 1 << 20  # small chunks: buffered writes are cheaper than the copy
+_POOLED = 4  # aligned buffers kept for reuse (the Fetcher runs 4 disk writes at once)
 
 
 class DiskTier:
@@ -30,7 +31,7 @@ class DiskTier:
         os.makedirs(self.chunk_dir, exist_ok=True)
         os.makedirs(self.tmp_dir, exist_ok=True)
         self._direct_ok = hasattr(os, "O_DIRECT")
-        self._local = threading.local()  # one aligned buffer per worker thread
+        self._buffers: queue.SimpleQueue[mmap.mmap] = queue.SimpleQueue()
 
     def path(self, ckey: bytes) -> str:
         name = chunk_name(ckey)
@@ -57,26 +58,35 @@ class DiskTier:
         False where the filesystem refuses O_DIRECT (tmpfs): the caller writes buffered."""
         if not self._direct_ok or len(data) < _DIRECT_MIN:
             return False
-        buf = getattr(self._local, "buf", None)
         padded = -(-len(data) // _ALIGN) * _ALIGN
+        try:
+            buf = self._buffers.get_nowait()
+        except queue.Empty:
+            buf = None
         if buf is None or len(buf) < padded:
-            buf = self._local.buf = mmap.mmap(-1, padded)  # page-aligned by construction
-        buf[:len(data)] = data
-        buf[len(data):padded] = bytes(padded - len(data))
+            buf = mmap.mmap(-1, padded)  # page-aligned by construction
         try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_DIRECT, 0o644)
-        except OSError:
-            self._direct_ok = False
-            return False
-        try:
-            os.write(fd, memoryview(buf)[:padded])
-            os.ftruncate(fd, len(data))  # drop the alignment padding
-        except OSError:
-            os.close(fd)
-            self._direct_ok = False
-            return False
-        os.close(fd)
-        return True
+            buf[:len(data)] = data
+            buf[len(data):padded] = bytes(padded - len(data))
+            try:
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_DIRECT, 0o644)
+            except OSError:
+                self._direct_ok = False
+                return False
+            try:
+                os.write(fd, memoryview(buf)[:padded])
+                os.ftruncate(fd, len(data))  # drop the alignment padding
+            except OSError:
+                self._direct_ok = False
+                return False
+            finally:
+                os.close(fd)
+            return True
+        finally:
+            # a few buffers serve every writer thread: as many as write at once, not one
+            # per worker thread (trio keeps dozens of threads)
+            if self._buffers.qsize() < _POOLED:
+                self._buffers.put(buf)
 
     def read_blocks(self, ckey: bytes, length: int, crcs: tuple[int, ...], first: int,
                     last: int) -> bytes:
