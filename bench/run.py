@@ -245,7 +245,7 @@ def large_chunk_files(cache_dir: str, size: int) -> dict[int, str]:
     return next((g for g in groups.values() if len(g) == want), {})
 
 
-def block_reads(files: dict[int, str], offsets: list[int], block: int = 256 * KiB) -> float:
+def block_reads(files: dict[int, str], offsets: list[int], block: int = 64 * KiB) -> float:
     """The disk part of a random read: one aligned `block` pread per offset."""
     fds = {i: os.open(p, os.O_RDONLY) for i, p in files.items()}
     try:
@@ -943,9 +943,9 @@ class Bench:
                      extra={k: s[k] for k in ("rnd", "memfs_rnd")}))
 
         if s["disk_rnd"]:
-            self.add(Row("3", "(info) same offsets as 256 KiB preads of the chunk files",
+            self.add(Row("3", "(info) same offsets as 64 KiB preads of the chunk files",
                          "reads/s", med("disk_rnd"),
-                         note="page cache dropped; 256 KiB is tierfs's checksum block, the least "
+                         note="page cache dropped; 64 KiB is tierfs's checksum block, the least "
                               "a disk-tier read can fetch: the disk's share of row 3",
                          extra={"disk_rnd": s["disk_rnd"]}))
         self.small_files(a)
