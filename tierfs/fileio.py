@@ -166,9 +166,15 @@ class FileIO:
             first, last = lo // bs, (hi - 1) // bs
             ckey = obj.chunk_key(index)
             first_access = index not in h.touched and index not in h.pattern.fetched
+            await self.prefetcher.settled(ckey)  # do not read what is being brought in
             hit = await self.cache.read(ckey, first, last, touch=first_access)
             if hit is not None:
                 data, source = hit
+                # bytes read ahead for this handle count where they really came from
+                if index in h.pattern.fetched:
+                    source = "backend"
+                elif index in h.pattern.loaded:
+                    source = "disk"
                 skip = first * bs
                 pieces.append(data[lo - skip:hi - skip])
             else:

@@ -30,6 +30,7 @@ class ReadPattern:
     # chunks read ahead from the backend for this handle: their fill already counted as
     # this handle's access, or an unread read-ahead chunk would be colder than a read one
     fetched: set[int] = field(default_factory=set)
+    loaded: set[int] = field(default_factory=set)  # read ahead from the disk tier
 
 
 class Prefetcher:
@@ -41,7 +42,7 @@ class Prefetcher:
         self._nursery = nursery
         self.max_window = max_window
         self.max_queued = max_queued
-        self._active: set[bytes] = set()
+        self._active: dict[bytes, trio.Event] = {}  # chunks being read ahead
 
     def on_read(self, obj: ObjectVersion, pat: ReadPattern, offset: int, end: int) -> None:
         cs = self.fetcher.chunk_size
@@ -56,6 +57,12 @@ class Prefetcher:
             return
         current = offset // cs
         last = (obj.size - 1) // cs
+        ckey = obj.chunk_key(current)
+        if (ckey not in self._active and self.cache.has(ckey)
+                and self.cache.in_memory(ckey, 0, 0) is None):
+            # a sequential reader will want all of this chunk: one whole-chunk disk read
+            # (the reader waits for it) beats a disk read per kernel request
+            self._start(obj, current, ckey, pat)
         start = max(current + 1, pat.ahead_to)
         stop = min(last, current + pat.window)
         for index in range(start, stop + 1):
@@ -68,15 +75,27 @@ class Prefetcher:
             pat.ahead_to = index + 1
             if self.cache.in_memory(ckey, 0, 0) is not None:
                 continue
-            self._active.add(ckey)
-            self._nursery.start_soon(self._bring, obj, index, ckey, pat)
+            self._start(obj, index, ckey, pat)
+
+    def _start(self, obj: ObjectVersion, index: int, ckey: bytes, pat: ReadPattern) -> None:
+        self._active[ckey] = trio.Event()
+        self._nursery.start_soon(self._bring, obj, index, ckey, pat)
+
+    async def settled(self, ckey: bytes) -> None:
+        """Wait for a read-ahead of this chunk already under way (never starts one)."""
+        event = self._active.get(ckey)
+        if event is not None:
+            await event.wait()
 
     async def _bring(self, obj: ObjectVersion, index: int, ckey: bytes, pat: ReadPattern) -> None:
         try:
             length = self.fetcher.chunk_length(obj, index)
             if self.cache.has(ckey):
                 last_block = self.cache.blocks_of(length) - 1
-                if await self.cache.read(ckey, 0, last_block, touch=False) is not None:
+                hit = await self.cache.read(ckey, 0, last_block, touch=False)
+                if hit is not None:
+                    if hit[1] == "disk":
+                        pat.loaded.add(index)
                     return
             pat.fetched.add(index)
             await self.fetcher.chunk(obj, index, background=True)
@@ -84,4 +103,4 @@ class Prefetcher:
             # the reader will meet the same error on its own request and report it
             log.debug("read-ahead of %s chunk %d failed: %s", obj.key, index, exc)
         finally:
-            self._active.discard(ckey)
+            self._active.pop(ckey).set()
