@@ -1004,7 +1004,7 @@ class Bench:
 
         for walk in ("first", "repeat"):
             log(f"row 5: find + stat of the tree ({walk} walk, dentry/inode caches dropped)")
-            with Pass(a.pid) as ps:
+            with Pass(a.pid):
                 r0 = a.requests()
                 t0 = time.perf_counter()
                 entries = 0
@@ -1065,7 +1065,7 @@ class Bench:
         ceiling = mem / MiB + 150
         self.add(Row("6", f"daemon peak RSS (VmHWM), {p.large // MiB} MiB file, "
                           f"mem tier {mem // MiB}M", "MiB", round(hwm / 1024, 1),
-                     f"mem tier + 150 MiB", ceiling, target="<=ceiling",
+                     "mem tier + 150 MiB", ceiling, target="<=ceiling",
                      note=f"RSS at mount {start_kib / 1024:.0f} MiB; VmHWM after the cold pass "
                           f"{hwm_cold / 1024:.0f} MiB ({n / MiB / dt_cold:.0f} MiB/s), after the "
                           f"warm pass {hwm / 1024:.0f} MiB ({n / MiB / dt_warm:.0f} MiB/s); RSS "
@@ -1133,6 +1133,17 @@ class Bench:
                 log(f"warning: cleanup step failed: {exc!r}")
 
 
+def stop_on_signals() -> None:
+    """SIGTERM and SIGINT end a run through its finally blocks, which stop what it started
+    (SIGINT too when the run was started with it ignored, as a script's background job)."""
+
+    def on_term(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--size-mib", type=int, help="large file size (default 1024; --quick 256)")
@@ -1152,13 +1163,7 @@ def main() -> int:
     ap.add_argument("--keep", action="store_true",
                     help="keep the work dir (cache dirs, tierfs logs) after the run")
     args = ap.parse_args()
-
-    def on_term(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, on_term)
-    # even when started with SIGINT ignored (a background job of a script)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+    stop_on_signals()
     if args.profile:
         Profiler.out_dir = os.path.abspath(args.profile)
     plan = Plan.make(args.size_mib, args.quick)

@@ -19,7 +19,6 @@ import datetime
 import hashlib
 import os
 import shutil
-import signal
 import statistics
 import sys
 import tempfile
@@ -31,7 +30,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import datagen  # noqa: E402
 import run  # noqa: E402  (bench/run.py: the read benchmark and the shared helpers)
 from run import (BUCKET, GiB, MiB, BenchError, Pass, Profiler, Row, Source,  # noqa: E402
-                 TierfsMount, drop_caches, fmt, git_info, log, mem_available, print_table,
+                 TierfsMount, drop_caches, git_info, log, mem_available, print_table,
                  req_delta, write_json)
 
 PART = 8 * MiB  # the ceiling's multipart part size (tierfs's own part size is 8 MiB too)
@@ -557,7 +556,7 @@ class WriteBench(run.Bench):
                           f"{med('boto3_cpu'):.2f} s/GiB" + spread("default", "boto3"),
                      extra={k: s[k] for k in ("default", "boto3", "default_write_s",
                                               "default_close_s", "default_cpu", "boto3_cpu")}))
-        self.add(Row("a", f"read-back of the written file (same mount, page cache dropped)",
+        self.add(Row("a", "read-back of the written file (same mount, page cache dropped)",
                      "GETs", max(s["readback_gets"]), target="=0",
                      note=f"{med('readback'):,.0f} MiB/s; backend requests "
                           f"{self.last['readback_req'] or 0}; sha256 matched through the mount "
@@ -657,12 +656,7 @@ def main() -> int:
                          "default-mode write (raw collapsed stacks + summary.txt into DIR)")
     ap.add_argument("--keep", action="store_true", help="keep the work dir after the run")
     args = ap.parse_args()
-
-    def on_term(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, on_term)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+    run.stop_on_signals()
     if args.profile:
         Profiler.out_dir = os.path.abspath(args.profile)
     root = tempfile.mkdtemp(prefix="tierfs-wbench.", dir="/tmp")
