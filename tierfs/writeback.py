@@ -285,7 +285,8 @@ class WriteBack:
         if d.upload_id is not None:  # left over from a failed attempt or a crash
             await self._abort(d.key, d.upload_id)
         d.upload_id = await self.backend.mpu_create(d.key, d.metadata)
-        self.meta.put_upload(d.upload_id, d.key)
+        # LMDB commits fsync: off the trio thread, like the journal's
+        await trio.to_thread.run_sync(self.meta.put_upload, d.upload_id, d.key)
         ps, cs = self.part_size, self.chunk_size
         count = -(-size // ps)
         etags: list[str] = [""] * count
@@ -307,13 +308,13 @@ class WriteBack:
                 nursery.start_soon(part, n)
         etag = await self.backend.mpu_complete(d.key, d.upload_id,
                                                [(n + 1, e) for n, e in enumerate(etags)])
-        self.meta.delete_upload(d.upload_id)
+        await trio.to_thread.run_sync(self.meta.delete_upload, d.upload_id)
         d.upload_id = None
         return etag
 
     async def _abort(self, key: str, upload_id: str) -> None:
         await self.backend.mpu_abort(key, upload_id)
-        self.meta.delete_upload(upload_id)
+        await trio.to_thread.run_sync(self.meta.delete_upload, upload_id)
 
     async def abort_orphaned_uploads(self) -> None:
         """Multipart uploads a crash left behind with no journaled file to finish them."""
