@@ -99,10 +99,7 @@ class FileIO:
                             metadata=metadata_from_attrs(node.attrs))
 
     async def create(self, parent: int, name: bytes, mode: int) -> tuple[OpenFile, Inode]:
-        node = self.ns.create_file(parent, name)
-        if mode:
-            node.attrs = {"mode": mode & 0o7777}
-            self.ns.meta.set_attrs(node.ino, node.attrs)
+        node = self.ns.create_file(parent, name, mode & 0o7777)
         h = OpenFile(next(self._next_fh), node, self._version(node))
         h.dirty = self._open_dirty(node, truncate=True)
         self._handles[h.fh] = h
@@ -116,9 +113,6 @@ class FileIO:
         h = self._handles.pop(fh, None)
         if h is not None and h.dirty is not None and self.wb is not None:
             await self.wb.release(h.dirty)
-
-    def handle(self, fh: int) -> OpenFile:
-        return self._handles[fh]
 
     async def read(self, fh: int, offset: int, size: int) -> bytes:
         h = self._handles[fh]

@@ -214,13 +214,17 @@ class Namespace:
             raise InvalidArgument(f"{sname!r} cannot be a key segment")
         return sname
 
-    def create_file(self, parent: int, name: bytes) -> Inode:
+    def create_file(self, parent: int, name: bytes, mode: int = 0) -> Inode:
         """A new, empty file known only here until its first upload."""
         d = self._dir(parent)
         key = d.key + self._name(name)
         now = self._clock()
         self._negative.pop((parent, name), None)
-        return self.meta.upsert(parent, name, FILE, 0, now, "", key, now)
+        node = self.meta.upsert(parent, name, FILE, 0, now, "", key, now)
+        if mode:
+            node.attrs = {"mode": mode}
+            self.meta.set_attrs(node.ino, node.attrs)
+        return node
 
     async def mkdir(self, parent: int, name: bytes) -> Inode:
         d = self._dir(parent)
