@@ -48,6 +48,7 @@ log = logging.getLogger(__name__)
 
 PART_MIN = 8 << 20  # S3 wants parts >= 5 MiB; 8 MiB keeps part counts low
 RETRY_MAX_S = 60.0
+_PENDING = "pending-"  # an uploads record made before CreateMultipartUpload answered
 
 ReadBase = Callable[[ObjectVersion, int], Awaitable[bytes | memoryview]]
 
@@ -284,9 +285,13 @@ class WriteBack:
     async def _multipart(self, d: DirtyFile, size: int) -> str:
         if d.upload_id is not None:  # left over from a failed attempt or a crash
             await self._abort(d.key, d.upload_id)
+        # recorded before it exists: a crash before the id is known still leaves the key,
+        # and recovery aborts that key's uploads (LMDB commits fsync: off the trio thread)
+        pending = _PENDING + uuid.uuid4().hex
+        await trio.to_thread.run_sync(self.meta.put_upload, pending, d.key)
         d.upload_id = await self.backend.mpu_create(d.key, d.metadata)
-        # LMDB commits fsync: off the trio thread, like the journal's
         await trio.to_thread.run_sync(self.meta.put_upload, d.upload_id, d.key)
+        await trio.to_thread.run_sync(self.meta.delete_upload, pending)
         ps, cs = self.part_size, self.chunk_size
         count = -(-size // ps)
         etags: list[str] = [""] * count
@@ -322,6 +327,12 @@ class WriteBack:
         for upload_id, key in self.meta.uploads():
             if upload_id not in owned:
                 try:
+                    if upload_id.startswith(_PENDING):  # the id never reached us
+                        for found in await self.backend.mpu_list(key):
+                            if found not in owned:
+                                await self.backend.mpu_abort(key, found)
+                        await trio.to_thread.run_sync(self.meta.delete_upload, upload_id)
+                        continue
                     await self._abort(key, upload_id)
                     log.info("aborted the unfinished upload of %r left by a crash", key)
                 except TierfsError as exc:

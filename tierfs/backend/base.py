@@ -65,3 +65,6 @@ class Backend(Protocol):
         """Returns the new object's ETag."""
 
     def mpu_abort(self, key: str, upload_id: str) -> None: ...
+
+    def mpu_list(self, key: str) -> list[str]:
+        """Ids of the unfinished multipart uploads of exactly this key."""

@@ -201,6 +201,18 @@ class FileBackend:
         shutil.rmtree(d, ignore_errors=True)
         return etag
 
+    def mpu_list(self, key: str) -> list[str]:
+        out = []
+        for name in os.listdir(self._staging()):
+            if name.startswith("mpu-"):
+                try:
+                    with open(os.path.join(self._staging(), name, "meta")) as f:
+                        if json.load(f)["key"] == key:
+                            out.append(name[len("mpu-"):])
+                except (OSError, ValueError):
+                    continue
+        return out
+
     def mpu_abort(self, key: str, upload_id: str) -> None:
         shutil.rmtree(os.path.join(self._staging(), "mpu-" + upload_id), ignore_errors=True)
 

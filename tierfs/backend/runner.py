@@ -93,5 +93,8 @@ class AsyncBackend:
         fn = functools.partial(self.sync.mpu_complete, key, upload_id, parts)
         return await self._call("mpu_complete", fn, False)
 
+    async def mpu_list(self, key: str) -> list[str]:
+        return await self._call("mpu_list", functools.partial(self.sync.mpu_list, key), False)
+
     async def mpu_abort(self, key: str, upload_id: str) -> None:
         await self._call("mpu_abort", functools.partial(self.sync.mpu_abort, key, upload_id), False)

@@ -184,6 +184,13 @@ class S3Backend:
         # computes it otherwise, cached chunks simply miss, never serve wrong bytes.
         return _etag(r.get("ETag") or "") or multipart_etag([e for _, e in parts])
 
+    def mpu_list(self, key: str) -> list[str]:
+        try:
+            r = self._s3.list_multipart_uploads(Bucket=self.bucket, Prefix=key)
+        except Exception as exc:  # noqa: BLE001
+            raise self._error(exc, f"list uploads of {key!r}") from None
+        return [u["UploadId"] for u in r.get("Uploads", ()) if u["Key"] == key]
+
     def mpu_abort(self, key: str, upload_id: str) -> None:
         try:
             self._s3.abort_multipart_upload(Bucket=self.bucket, Key=key, UploadId=upload_id)
