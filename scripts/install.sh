@@ -35,7 +35,9 @@ is_root() { [ "$(id -u)" = 0 ]; }
 
 # ---------------------------------------------------------------- apt packages
 # fuse3: fusermount3; libfuse3-dev pkg-config gcc (+ Python headers): pyfuse3 is sdist-only
-# on PyPI and is compiled at pip install time; ceph-*/radosgw/curl: scripts/ceph-rgw.
+# on PyPI and is compiled at pip install time; ceph-*/radosgw/curl: scripts/ceph-rgw;
+# slurm*/munge: the single-node Slurm the prolog/epilog tests start; systemd (systemd-analyze),
+# systemd-container + debootstrap: unit checks and the real systemd inside systemd-nspawn.
 pkg_installed() {
   [ "$(dpkg-query -W -f='${db:Status-Status}' "$1" 2>/dev/null)" = installed ]
 }
@@ -60,7 +62,8 @@ check_py() {  # fail early on an unusable interpreter, before installing anythin
 if venv_ok; then NEW_VENV=0; BASE_PY=$VENV/bin/python; else NEW_VENV=1; BASE_PY=$PY; fi
 
 missing=()
-for p in fuse3 libfuse3-dev pkg-config ceph-mon ceph-osd ceph-common radosgw curl; do
+for p in fuse3 libfuse3-dev pkg-config ceph-mon ceph-osd ceph-common radosgw curl \
+         slurmctld slurmd slurm-client munge systemd systemd-container debootstrap; do
   pkg_installed "$p" || missing+=("$p")
 done
 command -v gcc >/dev/null 2>&1 || pkg_installed gcc || missing+=(gcc)
