@@ -17,6 +17,7 @@ from typing import NoReturn
 
 from .config import MountConfig, build_config, parse_o_options
 from .errors import TierfsError
+from .runpaths import pid_file
 
 # (flag, dest, help); every value is validated in config.build_config
 _MOUNT_OPTIONS = [
@@ -71,6 +72,12 @@ def _parser() -> argparse.ArgumentParser:
     u = sub.add_parser("unmount", help="unmount and wait for the daemon to finish")
     u.add_argument("mountpoint")
     u.add_argument("--timeout", type=float, default=60.0, help="seconds to wait (default 60)")
+    # the other subcommands live with what they drive; each registers its parsers and
+    # sets `run` (a function of the parsed args that returns the exit status)
+    from . import ctl, slurm
+
+    for module in (ctl, slurm):
+        module.add_parsers(sub)
     return p
 
 
@@ -81,6 +88,8 @@ def main(argv: list[str] | None = None) -> None:
             _mount(args, argv)
         elif args.command == "unmount":
             _unmount(args.mountpoint, args.timeout)
+        else:
+            sys.exit(args.run(args))
     except TierfsError as exc:
         _fail(str(exc))
     except KeyboardInterrupt:
@@ -127,7 +136,7 @@ def _mount(args: argparse.Namespace, argv: list[str] | None) -> None:
     _setup_logging(cfg, background=args.ready_fd is not None)
     import trio
 
-    from .daemon import pid_file, serve
+    from .daemon import serve
 
     ready_fd = args.ready_fd
 
@@ -154,7 +163,7 @@ def _mount(args: argparse.Namespace, argv: list[str] | None) -> None:
 
 
 def _write_pid(path: str) -> None:
-    os.makedirs(os.path.dirname(path), exist_ok=True)
+    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
     with open(path, "w") as f:
         f.write(f"{os.getpid()}\n")
 
@@ -183,8 +192,6 @@ def _spawn_background(cfg: MountConfig, argv: list[str]) -> None:
 
 
 def _unmount(mountpoint: str, timeout: float) -> None:
-    from .daemon import pid_file
-
     mp = os.path.abspath(mountpoint)
     if not _in_mountinfo(mp):  # not os.path.ismount: it stats, and a dead daemon's mount hangs or fails
         _fail(f"{mp} is not mounted")

@@ -12,7 +12,6 @@ import ctypes
 import ctypes.util
 import errno
 import fcntl
-import hashlib
 import logging
 import os
 import signal
@@ -40,13 +39,8 @@ from .writeback import WriteBack
 
 log = logging.getLogger(__name__)
 
-RUN_DIR = "/run/tierfs"
 BLOCK_SIZE = 64 << 10  # checksum unit: a 4 KiB read verifies 64 KiB; 512 B of CRCs per 8 MiB
 DRAIN_TIMEOUT_S = 60.0  # at shutdown, pending uploads get this long; the journal keeps the rest
-
-
-def pid_file(mountpoint: str) -> str:
-    return os.path.join(RUN_DIR, hashlib.sha256(mountpoint.encode()).hexdigest()[:16] + ".pid")
 
 
 def check_mountpoint(path: str) -> None:
