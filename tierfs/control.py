@@ -1,0 +1,1 @@
+"""The control socket server of a running mount (placeholder)."""

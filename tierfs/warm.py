@@ -1,0 +1,1 @@
+"""Warming the cache for a set of paths (placeholder)."""
