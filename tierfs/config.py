@@ -1,8 +1,9 @@
 """Mount configuration: one frozen dataclass, parsed and validated in one place.
 
 Every option has the same name on the command line (--cache-size), in `-o cache_size=...`
-(as fstab passes them) and, later, in TOML files. Parsing errors raise UsageError with a
-message naming the option, so the CLI can print one line and exit.
+(as fstab passes them) and in TOML files (read_config_file: `tierfs mount --config`,
+used by the systemd unit). Parsing errors raise UsageError with a message naming the
+option, so the CLI can print one line and exit.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import dataclasses
 import hashlib
 import os
 import re
+import tomllib
 from dataclasses import dataclass, field
 from urllib.parse import urlparse
 
@@ -30,6 +32,15 @@ def parse_size(text: str | int, name: str = "size") -> int:
     if not m:
         raise UsageError(f"invalid {name} {text!r}: expected a size like 512M, 8MiB or 500G")
     return int(float(m.group(1)) * _UNITS[(m.group(2) or "").lower()])
+
+
+def format_size(n: float) -> str:
+    """Bytes for people: '512 B', '8.0 MiB', '1.5 TiB' (binary units, like parse_size)."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
 
 
 def parse_duration(text: str | float, name: str = "duration") -> float:
@@ -111,6 +122,8 @@ class MountConfig:
     heat_half_life: float = 1800.0
     readahead_chunks: int = 8
     backend_concurrency: int = 16
+    # parallel GETs of `tierfs warm`, on threads of their own (see backend/runner.py)
+    warm_concurrency: int = 16
     backend_timeout: float = 30.0
     backend_retries: int = 4
     # keep glibc from hoarding freed 8 MiB chunk buffers (RSS stays near the memory tier);
@@ -122,6 +135,8 @@ class MountConfig:
     dirty_wait: float = 60.0
     # directories with more objects than this are not renamed (EXDEV: mv copies instead)
     rename_max_objects: int = 1000
+    # at unmount, pending uploads get this long; what is left stays journaled for the next mount
+    drain_timeout: float = 60.0
     uid: int = field(default_factory=os.getuid)
     gid: int = field(default_factory=os.getgid)
     file_mode: int = 0o644
@@ -151,10 +166,14 @@ class MountConfig:
             raise bad("readahead_chunks", "must be between 1 and 64")
         if not 1 <= self.backend_concurrency <= 256:
             raise bad("backend_concurrency", "must be between 1 and 256")
+        if not 1 <= self.warm_concurrency <= 256:
+            raise bad("warm_concurrency", "must be between 1 and 256")
         if self.dirty_wait < 0:
             raise bad("dirty_wait", "must not be negative")
         if self.rename_max_objects < 0:
             raise bad("rename_max_objects", "must not be negative")
+        if self.drain_timeout < 0:
+            raise bad("drain_timeout", "must not be negative")
         if self.backend_timeout <= 0:
             raise bad("backend_timeout", "must be positive")
         if not 1 <= self.backend_retries <= 20:
@@ -186,6 +205,7 @@ _CONVERTERS = {
     "heat_half_life": parse_duration,
     "backend_timeout": parse_duration,
     "dirty_wait": parse_duration,
+    "drain_timeout": parse_duration,
     "writeback": parse_bool,
     "bounded_memory": parse_bool,
     "allow_other": parse_bool,
@@ -254,3 +274,80 @@ def build_config(source: str, mountpoint: str, options: dict[str, object]) -> Mo
         raise UsageError("missing MOUNTPOINT")
     return MountConfig(source=Source.parse(source), mountpoint=os.path.abspath(mountpoint),
                        **kwargs)  # type: ignore[arg-type]
+
+
+# keys whose values are paths: a config file is read by a daemon whose working directory
+# is / under systemd, so a relative path there would silently mean something else
+_PATH_KEYS = ("mountpoint", "cache_dir", "log_file")
+
+
+def read_config_file(path: str) -> dict[str, object]:
+    """Read a TOML mount configuration: top-level keys `source`, `mountpoint` and the mount
+    options under their names (dashes or underscores), typed TOML values or the strings
+    the command line takes ("500G", "30s"). Returns raw values for build_config; every
+    problem is a UsageError naming the file."""
+    try:
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+    except OSError as exc:
+        raise UsageError(f"cannot read config file {path}: {exc.strerror}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise UsageError(f"{path}: invalid TOML: {exc}") from None
+    types = {f.name: f.type for f in dataclasses.fields(MountConfig)}
+    out: dict[str, object] = {}
+    for raw_key, value in data.items():
+        key = raw_key.replace("-", "_")
+        if key in out:
+            raise UsageError(f"{path}: {raw_key!r} is given twice (dashes and underscores "
+                             f"name the same option)")
+        if key not in types:
+            raise UsageError(f"{path}: unknown option {raw_key!r}")
+        out[key] = _check_toml_value(path, key, types[key], value)
+    return out
+
+
+def _check_toml_value(path: str, key: str, ftype: str, value: object) -> object:
+    """Reject the TOML types that build_config would misread (it was written for strings)."""
+    def bad(why: str) -> UsageError:
+        return UsageError(f"{path}: {key}: {why}")
+
+    if isinstance(value, (dict, list)) or not isinstance(value, (str, int, float)):
+        raise bad("expected a string, number or boolean")
+    if isinstance(value, bool):
+        if ftype != "bool":
+            raise bad("expected a value, not true/false")
+        return value
+    if key in ("source", "mountpoint") or ftype.startswith("str"):
+        if not isinstance(value, str):
+            raise bad("expected a string")
+        if key in _PATH_KEYS and not os.path.isabs(value):
+            raise bad(f"{value!r} is not an absolute path")
+        return value
+    if key.endswith("_mode") and not isinstance(value, str):
+        # TOML 644 is decimal 644, not octal: only a string says what is meant
+        raise bad('write the mode as a string, e.g. "0644"')
+    if ftype == "int" and isinstance(value, float):
+        raise bad(f"expected a whole number, not {value}")
+    return value
+
+
+def build_config_with_file(path: str, source: str | None, mountpoint: str | None,
+                           overrides: dict[str, object]) -> MountConfig:
+    """The config file's values, then the command line's on top (the command line wins).
+
+    The file is validated on its own first, so a bad value in it is reported with the
+    file's name; what the command line gives is reported as before."""
+    options = read_config_file(path)
+    file_source, file_mountpoint = options.pop("source", None), options.pop("mountpoint", None)
+    source = source or file_source  # type: ignore[assignment]
+    mountpoint = mountpoint or file_mountpoint  # type: ignore[assignment]
+    if not source:
+        raise UsageError(f"no source: give SOURCE on the command line or `source = ...` in {path}")
+    if not mountpoint:
+        raise UsageError(f"no mount point: give MOUNTPOINT on the command line or "
+                         f"`mountpoint = ...` in {path}")
+    try:
+        build_config(str(source), str(mountpoint), options)
+    except UsageError as exc:
+        raise UsageError(f"{path}: {exc}") from None
+    return build_config(str(source), str(mountpoint), {**options, **overrides})

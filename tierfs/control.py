@@ -1,1 +1,233 @@
-"""The control socket server of a running mount (placeholder)."""
+"""The control socket of a running mount: `tierfs status`, `warm`, `evict`, `unpin`.
+
+Transport: a unix stream socket (tierfs.runpaths.control_socket), mode 0600 in a 0700
+directory, and each connection's peer uid is checked (SO_PEERCRED): only root and the
+user who mounted may talk to it. Protocol (docs/control.md): one JSON request line per
+connection, answered by zero or more event lines and one final line:
+
+    -> {"v": 1, "op": "warm", "paths": ["data/train"], "pin": true, "job": "42"}
+    <- {"v": 1, "event": "progress", "bytes_done": ..., ...}      (warm only)
+    <- {"v": 1, "ok": true, "result": {...}}  |  {"v": 1, "ok": false, "error": "..."}
+
+A client that disconnects cancels its request (a warm stops; running it again resumes).
+"v" is the protocol's major version: a request of another version gets an error naming
+both; within a version, fields are only ever added and readers ignore unknown ones.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import socket
+import struct
+import time
+from typing import Any, Callable
+
+import trio
+
+from .cache import ChunkCache
+from .errors import TierfsError, UsageError
+from .metrics import Metrics
+from .warm import Warmer
+
+log = logging.getLogger(__name__)
+
+PROTOCOL = 1
+MAX_REQUEST = 4 << 20  # a manifest of ~50,000 paths
+_PEERCRED = struct.Struct("3i")  # pid, uid, gid
+
+
+class ControlServer:
+    def __init__(self, path: str, warmer: Warmer, cache: ChunkCache, metrics: Metrics, *,
+                 info: dict, uploads_pending: Callable[[], int], warm_concurrency: int) -> None:
+        self.path = path
+        self.warmer = warmer
+        self.cache = cache
+        self.metrics = metrics
+        self.info = info  # source, mountpoint, cache_dir: fixed for the daemon's life
+        self._uploads_pending = uploads_pending
+        self.warm_concurrency = warm_concurrency
+        self._started = time.time()
+
+    async def serve(self, task_status: trio.TaskStatus = trio.TASK_STATUS_IGNORED) -> None:
+        """Listen (started with nursery.start: the socket exists before the mount is
+        announced ready, so `tierfs mount && tierfs warm` works) until cancelled."""
+        run_dir = os.path.dirname(self.path)
+        os.makedirs(run_dir, mode=0o700, exist_ok=True)
+        os.chmod(run_dir, 0o700)
+        try:
+            os.unlink(self.path)  # left by a daemon that died; the mount point was free
+        except FileNotFoundError:
+            pass
+        sock = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            await sock.bind(self.path)
+            os.chmod(self.path, 0o600)
+            sock.listen(16)
+            task_status.started()
+            await trio.serve_listeners(self._handle, [trio.SocketListener(sock)])
+        finally:
+            sock.close()
+            try:
+                os.unlink(self.path)
+            except OSError:
+                pass
+
+    async def _handle(self, stream: trio.SocketStream) -> None:
+        async with stream:
+            try:
+                await self._answer(stream)
+            except trio.BrokenResourceError:
+                pass  # the client went away; whatever it asked was cancelled
+
+    async def _answer(self, stream: trio.SocketStream) -> None:
+        async def send(msg: dict) -> None:
+            await stream.send_all(json.dumps({"v": PROTOCOL, **msg}).encode() + b"\n")
+
+        _, uid, _ = _PEERCRED.unpack(stream.socket.getsockopt(
+            socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size))
+        if uid not in (0, os.getuid()):
+            await send({"ok": False, "error": "permission denied: only root and the user "
+                                              "who mounted may control this mount"})
+            return
+        try:
+            request = await _read_request(stream)
+            op = request.get("op")
+            if request.get("v") != PROTOCOL:
+                raise UsageError(f"protocol version {request.get('v')!r} is not supported "
+                                 f"(this daemon speaks {PROTOCOL}): use a matching tierfs")
+            handler = _OPS.get(op) if isinstance(op, str) else None
+            if handler is None:
+                raise UsageError(f"unknown request {op!r}")
+            result = await self._until_hangup(stream, handler(self, request, send))
+        except TierfsError as exc:
+            await send({"ok": False, "error": str(exc)})
+            return
+        if result is not None:
+            await send({"ok": True, "result": result})
+
+    async def _until_hangup(self, stream: trio.SocketStream, work: Any) -> Any:
+        """Run a request; cancel it if the client closes its end (Ctrl-C on a warm)."""
+        result, error = None, None
+
+        async def run(cancel: trio.CancelScope) -> None:
+            nonlocal result, error
+            try:
+                result = await work
+            except TierfsError as exc:  # raised outside the nursery, not in a group
+                error = exc
+            cancel.cancel()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(run, nursery.cancel_scope)
+            while await stream.receive_some(1 << 10):
+                pass  # clients send nothing after the request; EOF means they left
+            nursery.cancel_scope.cancel()
+        if error is not None:
+            raise error
+        return result
+
+    # ---- operations ------------------------------------------------------------------
+
+    async def status(self, req: dict, send: Any) -> dict:
+        c, m = self.cache, self.metrics
+        read = {src: m.value("tierfs_read_bytes_total", source=src)
+                for src in ("memory", "disk", "backend")}
+        hits = {t: m.value("tierfs_cache_hits_total", tier=t) for t in ("memory", "disk")}
+        misses = m.value("tierfs_cache_misses_total")
+        total_read, lookups = sum(read.values()), sum(hits.values()) + misses
+        owners = []
+        for owner, pin in sorted(c.pins.owners.items()):
+            owners.append({"owner": owner, "files": len(pin.objects), "expires": pin.expires,
+                           "bytes": c.bytes_of(pin.objects)})
+        pinned = c.pins.objects()
+        return {**self.info, "pid": os.getpid(), "uptime_s": round(time.time() - self._started),
+                "disk": {"used": c.used_bytes, "budget": c.budget(), "chunks": c.chunk_count},
+                "memory": {"used": c.memory.bytes, "capacity": c.memory.capacity},
+                "read_bytes": read,
+                "hit_ratio": {"bytes": _ratio(total_read - read["backend"], total_read),
+                              "lookups": _ratio(lookups - misses, lookups)},
+                "pinned": {"files": len(pinned), "bytes": c.bytes_of(pinned), "owners": owners},
+                "dirty_bytes": c.dirty_bytes, "uploads_pending": self._uploads_pending(),
+                "backend_requests": {op: m.value("tierfs_backend_requests_total", op=op)
+                                     for op in ("get", "list", "head", "put")}}
+
+    async def warm(self, req: dict, send: Any) -> dict:
+        paths = _paths(req)
+        job = _opt_str(req, "job")
+        ttl = req.get("pin_ttl")
+        if ttl is not None and (not isinstance(ttl, (int, float)) or ttl <= 0):
+            raise UsageError("pin_ttl must be a positive number of seconds")
+        owner = f"job:{job}" if job else ("manual" if req.get("pin") else None)
+        concurrency = req.get("concurrency") or self.warm_concurrency
+        if not isinstance(concurrency, int) or not 1 <= concurrency <= 256:
+            raise UsageError("concurrency must be between 1 and 256")
+        check = bool(req.get("check"))
+        log.info("warm of %d paths requested%s%s", len(paths), " (check only)" if check else "",
+                 f", pinned for {owner}" if owner and not check else "")
+
+        async def progress(event: dict) -> None:
+            await send(event)
+
+        result = await self.warmer.warm(paths, check=check, pin_owner=None if check else owner,
+                                        pin_expires=time.time() + ttl if ttl else None,
+                                        concurrency=concurrency, progress=progress)
+        log.info("warm done: %d files, %d bytes, %d already cached, %d fetched, %d errors",
+                 result["files"], result["bytes"], result["bytes_cached_before"],
+                 result["bytes_fetched"], result["error_count"])
+        return result
+
+    async def evict(self, req: dict, send: Any) -> dict:
+        return await self.warmer.evict(_paths(req))
+
+    async def unpin(self, req: dict, send: Any) -> dict:
+        pins = self.cache.pins
+        job = _opt_str(req, "job")
+        if req.get("all"):
+            owners = [o for o in pins.owners if not o.startswith("warm:")]
+            return {"owners_released": owners, "objects": sum(pins.release(o) for o in owners)}
+        if job:
+            return {"owners_released": [f"job:{job}"], "objects": pins.release(f"job:{job}")}
+        return await self.warmer.unpin(_paths(req))
+
+
+_OPS = {"status": ControlServer.status, "warm": ControlServer.warm,
+        "evict": ControlServer.evict, "unpin": ControlServer.unpin}
+
+
+async def _read_request(stream: trio.SocketStream) -> dict:
+    buf = b""
+    while b"\n" not in buf:
+        data = await stream.receive_some(1 << 16)
+        if not data:
+            raise UsageError("the request ended before its newline")
+        buf += data
+        if len(buf) > MAX_REQUEST:
+            raise UsageError(f"request larger than {MAX_REQUEST} bytes")
+    try:
+        request = json.loads(buf.split(b"\n", 1)[0])
+    except ValueError as exc:
+        raise UsageError(f"the request is not JSON: {exc}") from None
+    if not isinstance(request, dict):
+        raise UsageError("the request must be a JSON object")
+    return request
+
+
+def _paths(req: dict) -> list[str]:
+    paths = req.get("paths")
+    if not isinstance(paths, list) or not paths or not all(isinstance(p, str) for p in paths):
+        raise UsageError("paths must be a non-empty list of paths relative to the mount")
+    return paths
+
+
+def _opt_str(req: dict, name: str) -> str | None:
+    value = req.get(name)
+    if value is not None and (not isinstance(value, str) or not value.strip()):
+        raise UsageError(f"{name} must be a non-empty string")
+    return value
+
+
+def _ratio(part: float, whole: float) -> float | None:
+    return None if whole == 0 or math.isnan(whole) else round(part / whole, 4)

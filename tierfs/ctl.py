@@ -1,9 +1,388 @@
-"""Client of a running mount's control socket: status, warm, evict, unpin (placeholder)."""
+"""`tierfs status | warm | evict | unpin`: clients of a running mount's control socket.
+
+Paths name files, directories or glob patterns under a tierfs mount, as the user sees
+them; the mount is found in /proc/self/mountinfo (fstype fuse.tierfs, longest prefix)
+without stat-ing anything under it, and its socket from the mount point and the owner
+uid the kernel records (tierfs.runpaths). Globs are passed on quoted and expanded by the
+daemon from its listings, never by walking the mount.
+
+Exit status: 0 done; 1 failed (one `tierfs: error:` line, plus one per failed path);
+2 bad usage; `warm --check` exits 3 when part of the set is not cached.
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import socket
+import sys
+import time
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+from .config import format_size, parse_duration
+from .errors import TierfsError, UsageError
+from .runpaths import control_socket
+
+PROTOCOL = 1
+IDLE_TIMEOUT_S = 120.0  # a warm sends progress every 0.5 s; silence this long is a hang
+NOT_CACHED = 3
+
+
+class ControlError(TierfsError):
+    """The daemon refused a request or could not be reached."""
+
+
+# ---- finding mounts ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TierfsMount:
+    mountpoint: str
+    uid: int
+
+    @property
+    def socket(self) -> str:
+        return control_socket(self.mountpoint, self.uid)
+
+
+def _unescape(field: str) -> str:
+    # mountinfo escapes space, tab, newline and backslash as octal \\040 \\011 \\012 \\134
+    return field.encode().decode("unicode_escape").encode("latin-1").decode(errors="replace")
+
+
+def tierfs_mounts() -> list[TierfsMount]:
+    out = []
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            head, _, tail = line.partition(" - ")
+            fields, rest = head.split(), tail.split()
+            if len(fields) < 5 or len(rest) < 3 or rest[0] != "fuse.tierfs":
+                continue
+            opts = dict(o.partition("=")[::2] for o in rest[2].split(","))
+            out.append(TierfsMount(_unescape(fields[4]), int(opts.get("user_id", "0") or 0)))
+    return out
+
+
+def locate(path: str, mounts: list[TierfsMount]) -> tuple[TierfsMount, str]:
+    """(the mount a path is under, the path relative to the mount's root)."""
+    full = os.path.normpath(os.path.abspath(path))
+    best = None
+    for m in mounts:
+        if full == m.mountpoint or full.startswith(m.mountpoint.rstrip("/") + "/"):
+            if best is None or len(m.mountpoint) > len(best.mountpoint):
+                best = m
+    if best is None:
+        raise UsageError(f"{path} is not under a tierfs mount")
+    return best, os.path.relpath(full, best.mountpoint) if full != best.mountpoint else ""
+
+
+def group_by_mount(paths: list[str]) -> dict[TierfsMount, list[str]]:
+    mounts = tierfs_mounts()
+    groups: dict[TierfsMount, list[str]] = {}
+    for p in paths:
+        m, rel = locate(p, mounts)
+        groups.setdefault(m, []).append(rel)
+    return groups
+
+
+def read_manifest(path: str) -> list[str]:
+    """One path or glob per line; blank lines and '#' comments are skipped. Relative
+    lines are relative to the current directory, like paths on the command line."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            lines = [ln.strip() for ln in f]
+    except OSError as exc:
+        raise UsageError(f"cannot read manifest {path}: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise UsageError(f"manifest {path} is not UTF-8 text") from None
+    return [ln for ln in lines if ln and not ln.startswith("#")]
+
+
+# ---- the protocol ------------------------------------------------------------------------
+
+
+def request(mount: TierfsMount, op: str, *, on_event: Callable[[dict], None] | None = None,
+            **fields: object) -> dict:
+    """Send one request; call on_event for each event line; return the result."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(IDLE_TIMEOUT_S)
+    try:
+        try:
+            sock.connect(mount.socket)
+        except FileNotFoundError:
+            raise ControlError(f"{mount.mountpoint}: no control socket at {mount.socket} "
+                               "(is its tierfs daemon running?)") from None
+        except PermissionError:
+            raise ControlError(f"{mount.mountpoint}: permission denied: only root and the user "
+                               "who mounted may control it") from None
+        except ConnectionRefusedError:
+            raise ControlError(f"{mount.mountpoint}: its tierfs daemon is not running "
+                               "(stale socket)") from None
+        sock.sendall(json.dumps({"v": PROTOCOL, "op": op, **fields}).encode() + b"\n")
+        for msg in _lines(sock, mount):
+            if "event" in msg:
+                if on_event is not None:
+                    on_event(msg)
+                continue
+            if not msg.get("ok"):
+                raise ControlError(f"{mount.mountpoint}: {msg.get('error', 'request failed')}")
+            return msg.get("result") or {}
+        raise ControlError(f"{mount.mountpoint}: the daemon closed the connection "
+                           "without an answer (did it stop?)")
+    except socket.timeout:
+        raise ControlError(f"{mount.mountpoint}: the daemon did not answer for "
+                           f"{IDLE_TIMEOUT_S:.0f}s") from None
+    finally:
+        sock.close()
+
+
+def _lines(sock: socket.socket, mount: TierfsMount) -> Iterator[dict]:
+    buf = b""
+    while True:
+        data = sock.recv(1 << 16)
+        if not data:
+            return
+        buf += data
+        while b"\n" in buf:
+            line, buf = buf.split(b"\n", 1)
+            try:
+                yield json.loads(line)
+            except ValueError:
+                raise ControlError(f"{mount.mountpoint}: garbled answer from the daemon") from None
+
+
+# ---- output ------------------------------------------------------------------------------
+
+
+def _duration(s: float) -> str:
+    s = int(s)
+    return f"{s // 3600}h{s // 60 % 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
+
+
+class ProgressBar:
+    """One redrawn line on stderr (a terminal only): bytes, rate, ETA."""
+
+    def __init__(self) -> None:
+        self.enabled = sys.stderr.isatty()
+        self._t0 = time.monotonic()
+        self._shown = False
+
+    def __call__(self, ev: dict) -> None:
+        if not self.enabled or ev.get("event") != "progress":
+            return
+        if ev.get("phase") == "listing":
+            line = f"warm: listing... {ev.get('files', 0)} files so far"
+        else:
+            total, done = ev.get("bytes", 0), ev.get("bytes_done", 0)
+            elapsed = max(1e-3, time.monotonic() - self._t0)
+            rate = ev.get("bytes_fetched", 0) / elapsed
+            eta = (total - done) / rate if rate > 0 else None
+            pct = 100.0 * done / total if total else 100.0
+            width = 24
+            bar = "#" * int(width * pct / 100)
+            line = (f"warm: [{bar:<{width}}] {pct:5.1f}% {format_size(done)} / {format_size(total)}  "
+                    f"{format_size(rate)}/s  ETA {_duration(eta) if eta is not None else '--'}")
+            if ev.get("error_count"):
+                line += f"  {ev['error_count']} errors"
+        sys.stderr.write("\r\033[K" + line)
+        sys.stderr.flush()
+        self._shown = True
+
+    def close(self) -> None:
+        if self._shown:
+            sys.stderr.write("\r\033[K")
+            sys.stderr.flush()
+
+
+def _emit_json(obj: dict) -> None:
+    sys.stdout.write(json.dumps(obj) + "\n")
+    sys.stdout.flush()
+
+
+def _report_errors(result: dict) -> None:
+    for e in result.get("errors", []):
+        sys.stderr.write(f"tierfs: error: {e['path']}: {e['error']}\n")
+    more = result.get("error_count", 0) - len(result.get("errors", []))
+    if more > 0:
+        sys.stderr.write(f"tierfs: error: ... and {more} more (see the daemon's log)\n")
+
+
+# ---- commands ----------------------------------------------------------------------------
+
+
+def _status(args: argparse.Namespace) -> int:
+    mounts = tierfs_mounts()
+    m, rel = locate(args.mountpoint, mounts)
+    if rel:
+        raise UsageError(f"{args.mountpoint} is inside the mount {m.mountpoint}, not its root")
+    st = request(m, "status")
+    if args.json:
+        _emit_json(st)
+        return 0
+    d, mem, pin = st["disk"], st["memory"], st["pinned"]
+    ratio = st["hit_ratio"]["bytes"]
+    rows = [
+        ("mount", f"{st['mountpoint']} (pid {st['pid']}, up {_duration(st['uptime_s'])})"),
+        ("source", st["source"]),
+        ("cache dir", st["cache_dir"]),
+        ("disk tier", f"{format_size(d['used'])} of {format_size(d['budget'])} "
+                      f"({100 * d['used'] / max(1, d['budget']):.0f}%), {d['chunks']} chunks"),
+        ("memory tier", f"{format_size(mem['used'])} of {format_size(mem['capacity'])}"),
+        ("hit ratio", "no reads yet" if ratio is None else
+         f"{100 * ratio:.1f}% of bytes read came from the cache"),
+        ("pinned", f"{format_size(pin['bytes'])} in {pin['files']} files"),
+    ]
+    for o in pin["owners"]:
+        until = ("" if o["expires"] is None else
+                 " until " + time.strftime("%Y-%m-%d %H:%M", time.localtime(o["expires"])))
+        rows.append(("", f"{o['owner']}: {o['files']} files, {format_size(o['bytes'])}{until}"))
+    rows.append(("unsaved", f"{format_size(st['dirty_bytes'])}, {st['uploads_pending']} uploads pending"))
+    for k, v in rows:
+        print(f"{k:<12} {v}")
+    return 0
+
+
+def _warm(args: argparse.Namespace) -> int:
+    paths = list(args.paths)
+    if args.manifest:
+        paths += read_manifest(args.manifest)
+    if not paths:
+        raise UsageError("nothing to warm: give paths or --manifest")
+    fields: dict[str, object] = {"check": args.check}
+    if args.job is not None:
+        fields["job"] = args.job
+    if args.pin or args.pin_ttl or args.job is not None:
+        fields["pin"] = True
+    if args.pin_ttl:
+        fields["pin_ttl"] = parse_duration(args.pin_ttl, "pin-ttl")
+    if args.concurrency is not None:
+        fields["concurrency"] = args.concurrency
+    status = 0
+    for mount, rels in group_by_mount(paths).items():
+        bar = ProgressBar() if not args.json else None
+
+        def on_event(ev: dict, bar: ProgressBar | None = bar, mount: TierfsMount = mount) -> None:
+            if args.json:
+                _emit_json({**ev, "mountpoint": mount.mountpoint})
+            elif bar is not None:
+                bar(ev)
+
+        try:
+            res = request(mount, "warm", on_event=on_event, paths=rels, **fields)
+        except ControlError as exc:
+            if args.json:
+                _emit_json({"event": "error", "mountpoint": mount.mountpoint, "error": str(exc)})
+            sys.stderr.write(f"tierfs: error: {exc}\n")
+            status = 1
+            continue
+        finally:
+            if bar is not None:
+                bar.close()
+        if args.json:
+            _emit_json({"event": "summary", "mountpoint": mount.mountpoint, **res})
+        else:
+            print(_warm_summary(mount, res, args.check))
+        _report_errors(res)
+        if res.get("error_count"):
+            status = 1
+        elif args.check and res["bytes_cached_before"] < res["bytes"] and status == 0:
+            status = NOT_CACHED
+    return status
+
+
+def _warm_summary(mount: TierfsMount, r: dict, check: bool) -> str:
+    head = f"{mount.mountpoint}: {r['files']} files, {format_size(r['bytes'])}"
+    if check:
+        pct = 100.0 * r["bytes_cached_before"] / r["bytes"] if r["bytes"] else 100.0
+        fits = "" if r["fits"] else "; the set does not fit in the cache"
+        return f"{head}: {format_size(r['bytes_cached_before'])} cached ({pct:.1f}%){fits}"
+    rate = r["bytes_fetched"] / r["seconds"] if r["seconds"] else 0.0
+    text = (f"{head}: {format_size(r['bytes_cached_before'])} already cached, "
+            f"{format_size(r['bytes_fetched'])} fetched in {r['seconds']:.1f}s ({format_size(rate)}/s)")
+    if r.get("pinned"):
+        text += f"; pinned for {r['pinned']}"
+    if r.get("unsaved_files"):
+        text += f"; {r['unsaved_files']} files with unsaved writes are local already"
+    return text + (f"; {r['error_count']} errors" if r.get("error_count") else "")
+
+
+def _evict(args: argparse.Namespace) -> int:
+    status = 0
+    for mount, rels in group_by_mount(args.paths).items():
+        res = request(mount, "evict", paths=rels)
+        if args.json:
+            _emit_json({"mountpoint": mount.mountpoint, **res})
+        else:
+            kept = f"; {res['pinned_kept']} pinned files kept (unpin them first)" \
+                if res["pinned_kept"] else ""
+            print(f"{mount.mountpoint}: {res['files']} files, "
+                  f"{format_size(res['bytes_evicted'])} evicted{kept}")
+        _report_errors(res)
+        status = status or (1 if res.get("error_count") else 0)
+    return status
+
+
+def _unpin(args: argparse.Namespace) -> int:
+    if args.paths and (args.job or args.all):
+        raise UsageError("give PATHs, or --job ID, or --all, not several")
+    if not args.paths and not args.job and not args.all:
+        raise UsageError("give PATHs to unpin, --job ID or --all")
+    if args.paths:
+        targets = [(m, {"paths": rels}) for m, rels in group_by_mount(args.paths).items()]
+    else:  # a job's pins, or all pins, on every tierfs mount of this node
+        fields = {"job": args.job} if args.job else {"all": True}
+        targets = [(m, fields) for m in tierfs_mounts()]
+    status = 0
+    for mount, fields in targets:
+        try:
+            res = request(mount, "unpin", **fields)
+        except ControlError as exc:
+            sys.stderr.write(f"tierfs: error: {exc}\n")
+            status = 1
+            continue
+        if args.json:
+            _emit_json({"mountpoint": mount.mountpoint, **res})
+        elif "pins_released" in res:
+            print(f"{mount.mountpoint}: {res['pins_released']} pins released "
+                  f"({res['files']} files)")
+            _report_errors(res)
+        else:
+            print(f"{mount.mountpoint}: released {', '.join(res['owners_released']) or 'nothing'}"
+                  f" ({res['objects']} files)")
+    return status
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
-    pass
+    s = sub.add_parser("status", help="cache usage, hit ratio, pins and pending uploads of a mount")
+    s.add_argument("mountpoint")
+    s.add_argument("--json", action="store_true", help="print the status as one JSON object")
+    s.set_defaults(run=_status)
+
+    w = sub.add_parser("warm", help="fetch files, directories or globs into the cache")
+    w.add_argument("paths", nargs="*", metavar="PATH",
+                   help="files, directories or quoted globs ('data/*/train', '**/*.pt') "
+                        "under a tierfs mount")
+    w.add_argument("--manifest", metavar="FILE", help="more paths, one per line (# comments)")
+    w.add_argument("--check", action="store_true",
+                   help="only report how much is cached (exit 3 if not all); fetch nothing")
+    w.add_argument("--pin", action="store_true", help="keep the warmed files from eviction")
+    w.add_argument("--pin-ttl", metavar="DURATION", help="release the pin after this long (24h)")
+    w.add_argument("--job", metavar="ID", help="pin for this job; `tierfs unpin --job ID` releases")
+    w.add_argument("--concurrency", type=int, metavar="N",
+                   help="parallel GETs (default: the mount's warm-concurrency, 16)")
+    w.add_argument("--json", action="store_true", help="JSON lines: progress events, a summary")
+    w.set_defaults(run=_warm)
+
+    e = sub.add_parser("evict", help="drop files, directories or globs from the cache")
+    e.add_argument("paths", nargs="+", metavar="PATH")
+    e.add_argument("--json", action="store_true")
+    e.set_defaults(run=_evict)
+
+    u = sub.add_parser("unpin", help="release pins (of paths, of a job, or all)")
+    u.add_argument("paths", nargs="*", metavar="PATH")
+    u.add_argument("--job", metavar="ID", help="release this job's pins on every tierfs mount")
+    u.add_argument("--all", action="store_true", help="release every pin on every tierfs mount")
+    u.add_argument("--json", action="store_true")
+    u.set_defaults(run=_unpin)

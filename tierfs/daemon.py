@@ -20,6 +20,7 @@ from typing import Callable
 import pyfuse3
 import trio
 
+from . import sdnotify
 from .backend import open_backend
 from .backend.runner import AsyncBackend
 from .cache import ChunkCache
@@ -27,6 +28,7 @@ from .cache.disk import DiskTier
 from .cache.evictor import Evictor
 from .cache.memory import MemoryTier
 from .config import MountConfig
+from .control import ControlServer
 from .errors import BackendError, StartupError
 from .fetch import Fetcher
 from .fileio import FileIO
@@ -35,12 +37,13 @@ from .meta import MetaStore
 from .metrics import Metrics
 from .namespace import Namespace
 from .prefetch import Prefetcher
+from .runpaths import control_socket
+from .warm import Warmer
 from .writeback import WriteBack
 
 log = logging.getLogger(__name__)
 
 BLOCK_SIZE = 64 << 10  # checksum unit: a 4 KiB read verifies 64 KiB; 512 B of CRCs per 8 MiB
-DRAIN_TIMEOUT_S = 60.0  # at shutdown, pending uploads get this long; the journal keeps the rest
 
 
 def check_mountpoint(path: str) -> None:
@@ -121,7 +124,7 @@ async def serve(cfg: MountConfig, on_ready: Callable[[], None]) -> None:
     lock_fd = lock_cache_dir(cache_dir)
     metrics = Metrics()
     backend = AsyncBackend(open_backend(cfg), metrics, concurrency=cfg.backend_concurrency,
-                           background=cfg.readahead_chunks)
+                           background=cfg.readahead_chunks, warm=cfg.warm_concurrency)
     try:
         await backend.check()
     except BackendError as exc:
@@ -159,6 +162,13 @@ async def serve(cfg: MountConfig, on_ready: Callable[[], None]) -> None:
             fileio = FileIO(ns, cache, fetcher, prefetcher, metrics, bucket=cfg.source.bucket,
                             writeback=wb, rename_max_objects=cfg.rename_max_objects)
             ops = FuseOps(cfg, ns, fileio, cache, metrics)
+            warmer = Warmer(ns, cache, fetcher, metrics, bucket=cfg.source.bucket,
+                            has_local_writes=wb.is_dirty)
+            control = ControlServer(
+                control_socket(cfg.mountpoint), warmer, cache, metrics,
+                info={"mountpoint": cfg.mountpoint, "source": str(cfg.source),
+                      "cache_dir": cache_dir},
+                uploads_pending=wb.pending, warm_concurrency=cfg.warm_concurrency)
             options = set(pyfuse3.default_options)
             options |= {"fsname=tierfs", "subtype=tierfs", "default_permissions"}
             if cfg.read_only:
@@ -171,10 +181,16 @@ async def serve(cfg: MountConfig, on_ready: Callable[[], None]) -> None:
                 for _ in range(4):
                     nursery.start_soon(wb.run_uploader)
                 nursery.start_soon(wb.abort_orphaned_uploads)
+                nursery.start_soon(_expire_pins, cache)
+                await nursery.start(control.serve)
                 nursery.start_soon(_stop_on_signal)
                 nursery.start_soon(_announce_ready, cfg.mountpoint, on_ready)
                 await pyfuse3.main()
-                if not await wb.drain(DRAIN_TIMEOUT_S):
+                # systemd: stopping; give the stop timeout room for the bounded drain
+                sdnotify.notify("STOPPING=1", f"STATUS=stopping: uploading pending files "
+                                f"(up to {cfg.drain_timeout:g}s)",
+                                sdnotify.extend_timeout(cfg.drain_timeout + 30))
+                if not await wb.drain(cfg.drain_timeout):
                     log.warning("unsaved files remain; they are journaled and will be "
                                 "uploaded at the next mount of this cache dir")
                 nursery.cancel_scope.cancel()
@@ -186,6 +202,13 @@ async def serve(cfg: MountConfig, on_ready: Callable[[], None]) -> None:
         meta.close()
         os.close(lock_fd)
         log.info("unmounted %s", cfg.mountpoint)
+
+
+async def _expire_pins(cache: ChunkCache, interval_s: float = 30.0) -> None:
+    while True:
+        for owner in cache.pins.expire():
+            log.info("pin of %s expired", owner)
+        await trio.sleep(interval_s)
 
 
 async def _announce_ready(mountpoint: str, on_ready: Callable[[], None]) -> None:

@@ -18,7 +18,8 @@ from .errors import PreconditionFailed
 
 class _Flight:
     def __init__(self) -> None:
-        self.done = trio.Event()
+        self.done = trio.Event()  # the GET ended (data is set if it succeeded)
+        self.stored = trio.Event()  # ...and the disk tier has the chunk (or will not)
         self.data: bytes | None = None
 
 
@@ -39,6 +40,26 @@ class Fetcher:
     def in_flight(self, ckey: bytes) -> bool:
         return ckey in self._flights
 
+    async def _get(self, obj: ObjectVersion, index: int, ckey: bytes, *, background: bool,
+                   warm: bool) -> tuple[_Flight, bytes]:
+        """Start a flight and GET the chunk; on failure the flight is gone and settled."""
+        flight = self._flights[ckey] = _Flight()
+        try:
+            data = await self.backend.get(obj.key, index * self.chunk_size,
+                                          self.chunk_length(obj, index), obj.etag,
+                                          background=background, warm=warm)
+            if len(data) != self.chunk_length(obj, index):
+                # a shorter or longer body than the listed size: the object changed
+                raise PreconditionFailed(f"get {obj.key!r}: size differs from the listing")
+            flight.data = data
+        except BaseException:
+            del self._flights[ckey]
+            flight.stored.set()
+            raise
+        finally:
+            flight.done.set()
+        return flight, data
+
     async def chunk(self, obj: ObjectVersion, index: int, *, background: bool = False) -> bytes:
         ckey = obj.chunk_key(index)
         while True:
@@ -48,37 +69,54 @@ class Fetcher:
             await flight.done.wait()
             if flight.data is not None:
                 return flight.data
-        flight = self._flights[ckey] = _Flight()
-        try:
-            data = await self.backend.get(obj.key, index * self.chunk_size,
-                                          self.chunk_length(obj, index), obj.etag,
-                                          background=background)
-            if len(data) != self.chunk_length(obj, index):
-                # a shorter or longer body than the listed size: the object changed
-                raise PreconditionFailed(f"get {obj.key!r}: size differs from the listing")
-            self.cache.remember(ckey, data)
-            flight.data = data
-        except BaseException:
-            del self._flights[ckey]
-            raise
-        finally:
-            flight.done.set()
+        flight, data = await self._get(obj, index, ckey, background=background, warm=False)
+        self.cache.remember(ckey, data)
         # the flight (holding the bytes) stays until the disk tier has the chunk: with a
         # small or no memory tier, a reader arriving meanwhile must not fetch it again
         try:
             await self._disk_writes.acquire()
         except BaseException:
-            del self._flights[ckey]
+            self._settle(ckey, flight)
             raise
-        self._nursery.start_soon(self._store, obj, ckey, data)
+        self._nursery.start_soon(self._store, obj, ckey, data, flight)
         return data
 
-    async def _store(self, obj: ObjectVersion, ckey: bytes, data: bytes) -> None:
+    async def _store(self, obj: ObjectVersion, ckey: bytes, data: bytes, flight: _Flight) -> None:
         try:
             await self.cache.fill(obj, ckey, data)
         finally:
-            self._flights.pop(ckey, None)
+            self._settle(ckey, flight)
             self._disk_writes.release()
+
+    def _settle(self, ckey: bytes, flight: _Flight) -> None:
+        if self._flights.get(ckey) is flight:
+            del self._flights[ckey]
+        flight.stored.set()
+
+    async def warm(self, obj: ObjectVersion, index: int) -> tuple[int, bool]:
+        """Bring a chunk to the disk tier for `tierfs warm`: (bytes fetched, cached now).
+
+        Runs on the warm lane and skips the memory tier (a warm of a large set must not
+        push out what readers use); the fill is awaited here, so the warm's own
+        concurrency bounds the bytes in flight. A chunk another request is fetching is
+        waited for, not fetched twice.
+        """
+        ckey = obj.chunk_key(index)
+        while not self.cache.has(ckey):
+            flight = self._flights.get(ckey)
+            if flight is None:
+                break
+            await flight.stored.wait()
+            if flight.data is not None:  # fetched by another request: stored, or no room
+                return 0, self.cache.has(ckey)
+        else:
+            return 0, True
+        flight, data = await self._get(obj, index, ckey, background=False, warm=True)
+        try:
+            await self.cache.fill(obj, ckey, data)
+        finally:
+            self._settle(ckey, flight)
+        return len(data), self.cache.has(ckey)
 
     async def read_through(self, obj: ObjectVersion, index: int) -> bytes | memoryview:
         """A whole chunk, from the cache if it has it, else from the backend."""

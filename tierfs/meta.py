@@ -14,6 +14,8 @@ Named databases (keys are ordered binary, big-endian integers first):
             aborts the ones nobody will complete (their parts cost storage)
   dirty     ino -> JSON journal of a closed, not yet uploaded file (write-back); written
             with a full sync, because this is the only copy of acknowledged data
+  pins      owner ("job:42", "manual") -> JSON {expires, objects: {oid hex: size}}:
+            what `tierfs warm --pin` keeps from eviction, kept across restarts
 
 Every method is one short synchronous transaction; callers never await inside one.
 Inode numbers are allocated once per (parent, name, kind) and persist, so they are
@@ -116,6 +118,7 @@ class MetaStore:
         self._attrs = self.env.open_db(b"attrs")
         self._dirty = self.env.open_db(b"dirty")
         self._uploads = self.env.open_db(b"uploads")
+        self._pins = self.env.open_db(b"pins")
 
     def _check_identity(self, source: str) -> None:
         with self.env.begin(write=True) as txn:
@@ -331,6 +334,20 @@ class MetaStore:
     def dirty_records(self) -> list[tuple[int, dict]]:
         with self.env.begin(db=self._dirty) as txn:
             return [(_U64.unpack(k)[0], json.loads(v)) for k, v in txn.cursor()]
+
+    # ---- pins ------------------------------------------------------------------------
+
+    def put_pin(self, owner: str, record: dict | None) -> None:
+        """Store (or with None delete) one owner's pins."""
+        with self.env.begin(write=True, db=self._pins) as txn:
+            if record is None:
+                txn.delete(owner.encode())
+            else:
+                txn.put(owner.encode(), json.dumps(record).encode())
+
+    def pins(self) -> list[tuple[str, dict]]:
+        with self.env.begin(db=self._pins) as txn:
+            return [(bytes(k).decode(), json.loads(v)) for k, v in txn.cursor()]
 
     # ---- chunk index -----------------------------------------------------------------
 

@@ -66,6 +66,13 @@ class Metrics:
         self.prefetch_dropped = Counter("tierfs_prefetch_dropped",
                                         "Read-ahead requests dropped because the queue was full",
                                         registry=r)
+        self.warm_bytes = Counter("tierfs_warm_bytes",
+                                  "Bytes downloaded by `tierfs warm` (also in backend_bytes)",
+                                  registry=r)
+
+    def value(self, name: str, **labels: str) -> float:
+        """The current value of one sample (0 if it was never set), e.g. for status."""
+        return self.registry.get_sample_value(name, labels) or 0.0
 
     def serve(self, addr: tuple[str, int]) -> None:
         """Expose /metrics over HTTP on its own thread (prometheus_client's server)."""

@@ -1,1 +1,308 @@
-"""Warming the cache for a set of paths (placeholder)."""
+"""Warm: bring a set of paths into the disk tier ahead of a job, optionally pinned.
+
+A set is paths relative to the mount's root: files, directories (everything below
+them) and glob patterns (fnmatch per path segment; `**` is any depth of directories).
+It is resolved through the Namespace, so its listings land in the index and the job's
+own lookups and stats are answered locally afterwards: one LIST walk per directory,
+never a HEAD per file.
+
+Then, in order:
+1. the set's size is checked against what the cache can hold (the budget at the low
+   watermark, less what others pin and unsaved writes): a set that cannot fit is refused
+   before anything is fetched, instead of evicting its own head while fetching its tail;
+2. the set is pinned for the duration of the warm (a transient owner), so the warm's
+   later fills never evict its earlier ones;
+3. every chunk not already on disk is fetched on the backend's warm lane by
+   `concurrency` workers; chunks already cached cost nothing, which is what makes a
+   rerun resume where the last one stopped;
+4. with a pin owner the set stays pinned afterwards; the chunk index is flushed so a
+   daemon restart keeps what was warmed.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import glob
+import itertools
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Awaitable, Callable
+
+import trio
+
+from .cache import ChunkCache, ObjectVersion
+from .config import format_size
+from .errors import InvalidArgument, NoSpace, NotFound, PreconditionFailed, TierfsError
+from .fetch import Fetcher
+from .meta import FILE, ROOT_INO, Inode
+from .metrics import Metrics
+from .namespace import Namespace
+
+log = logging.getLogger(__name__)
+
+PROGRESS_INTERVAL_S = 0.5
+LISTING_CONCURRENCY = 8
+MAX_REPORTED_ERRORS = 50
+
+Progress = Callable[[dict], Awaitable[None]]
+
+
+@dataclass
+class WarmSet:
+    files: list[tuple[str, ObjectVersion]] = field(default_factory=list)
+    errors: list[dict] = field(default_factory=list)
+    unsaved: int = 0  # files with writes not uploaded yet: their data is local already
+    _seen: set[int] = field(default_factory=set)
+
+    @property
+    def objects(self) -> dict[bytes, int]:
+        return {obj.oid: obj.size for _, obj in self.files}
+
+
+class Warmer:
+    def __init__(self, ns: Namespace, cache: ChunkCache, fetcher: Fetcher, metrics: Metrics, *,
+                 bucket: str, has_local_writes: Callable[[int], bool]) -> None:
+        self.ns = ns
+        self.cache = cache
+        self.fetcher = fetcher
+        self.metrics = metrics
+        self.bucket = bucket
+        self._local = has_local_writes
+        self._ids = itertools.count(1)
+
+    # ---- resolving a set -------------------------------------------------------------
+
+    async def resolve(self, patterns: list[str], ws: WarmSet | None = None) -> WarmSet:
+        ws = WarmSet() if ws is None else ws
+        for pattern in patterns:
+            try:
+                matches = await self._match(pattern)
+            except TierfsError as exc:
+                ws.errors.append({"path": pattern, "error": str(exc)})
+                continue
+            if not matches:
+                why = "matches nothing" if glob.has_magic(pattern) else "no such file or directory"
+                ws.errors.append({"path": pattern, "error": why})
+            for path, node in matches:
+                if node.is_dir:
+                    await self._walk(path, node, ws)
+                else:
+                    self._add(path, node, ws)
+        return ws
+
+    async def _match(self, pattern: str) -> list[tuple[str, Inode]]:
+        segments = [s for s in pattern.split("/") if s not in ("", ".")]
+        if ".." in segments:
+            raise InvalidArgument("'..' is not allowed in a warm path")
+        frontier = [("", self.ns.inode(ROOT_INO))]
+        for seg in segments:
+            found: list[tuple[str, Inode]] = []
+            for path, node in frontier:
+                if not node.is_dir:
+                    continue
+                if seg == "**":
+                    found += await self._dirs_below(path, node)
+                elif glob.has_magic(seg):
+                    for name, child in await self.ns.listdir(node.ino):
+                        sname = name.decode(errors="surrogateescape")
+                        if fnmatch.fnmatchcase(sname, seg):
+                            found.append((_join(path, sname), child))
+                else:
+                    try:
+                        found.append((_join(path, seg), await self.ns.lookup(node.ino,
+                                                                             seg.encode())))
+                    except NotFound:
+                        pass
+            frontier = found
+        return frontier
+
+    async def _dirs_below(self, path: str, node: Inode) -> list[tuple[str, Inode]]:
+        out, level = [(path, node)], [(path, node)]
+        while level:
+            listed = await self._list_level(level, None)
+            level = [(p, c) for p, c in listed if c.is_dir]
+            out += level
+        return out
+
+    async def _walk(self, path: str, node: Inode, ws: WarmSet) -> None:
+        """Every file below a directory, a level at a time (listings run in parallel)."""
+        level = [(path, node)]
+        while level:
+            listed = await self._list_level(level, ws)
+            level = [(p, c) for p, c in listed if c.is_dir]
+            for p, c in listed:
+                if not c.is_dir:
+                    self._add(p, c, ws)
+
+    async def _list_level(self, dirs: list[tuple[str, Inode]],
+                          ws: WarmSet | None) -> list[tuple[str, Inode]]:
+        results: dict[int, list[tuple[bytes, Inode]]] = {}
+        limiter = trio.CapacityLimiter(LISTING_CONCURRENCY)
+
+        async def ls(i: int, path: str, d: Inode) -> None:
+            async with limiter:
+                try:
+                    results[i] = await self.ns.listdir(d.ino)
+                except TierfsError as exc:
+                    if ws is None:
+                        raise
+                    ws.errors.append({"path": path or "/", "error": str(exc)})
+
+        async with trio.open_nursery() as nursery:
+            for i, (path, d) in enumerate(dirs):
+                nursery.start_soon(ls, i, path, d)
+        return [(_join(path, name.decode(errors="surrogateescape")), child)
+                for i, (path, _) in enumerate(dirs) for name, child in results.get(i, ())]
+
+    def _add(self, path: str, node: Inode, ws: WarmSet) -> None:
+        if node.kind != FILE or node.ino in ws._seen:
+            return  # symlinks are not followed
+        ws._seen.add(node.ino)
+        if self._local(node.ino) or not node.etag:
+            ws.unsaved += 1
+            return
+        ws.files.append((path, ObjectVersion(self.bucket, node.key, node.etag, node.size)))
+
+    # ---- sizes -----------------------------------------------------------------------
+
+    def _chunks(self, obj: ObjectVersion) -> range:
+        return range(-(-obj.size // self.fetcher.chunk_size))
+
+    def cached_bytes(self, obj: ObjectVersion) -> int:
+        return sum(self.fetcher.chunk_length(obj, i) for i in self._chunks(obj)
+                   if self.cache.has(obj.chunk_key(i)))
+
+    def room_for(self, objects: dict[bytes, int]) -> tuple[int, str]:
+        """Bytes a set may take, and how that was worked out (for the refusal message)."""
+        budget = self.cache.budget()
+        others = {oid: size for oid, size in self.cache.pins.objects().items()
+                  if oid not in objects}
+        pinned = self.cache.bytes_of(others)
+        dirty = self.cache.dirty_bytes
+        low = self.cache.evictor.low
+        room = max(0, int(low * budget) - pinned - dirty)
+        why = (f"{format_size(budget)} budget at the {low:.0%} eviction mark, less {format_size(pinned)} "
+               f"pinned by others and {format_size(dirty)} of unsaved writes")
+        return room, why
+
+    # ---- commands --------------------------------------------------------------------
+
+    async def warm(self, patterns: list[str], *, check: bool = False, pin_owner: str | None = None,
+                   pin_expires: float | None = None, concurrency: int = 16,
+                   progress: Progress | None = None) -> dict:
+        t0 = time.monotonic()
+        ws = WarmSet()
+        state = {"phase": "listing", "files": 0, "bytes": 0, "bytes_cached_before": 0,
+                 "bytes_done": 0, "bytes_fetched": 0, "error_count": 0}
+
+        async def report() -> None:
+            if progress is not None:
+                if state["phase"] == "listing":
+                    state["files"] = len(ws.files)
+                await progress({"event": "progress", **state,
+                                "seconds": round(time.monotonic() - t0, 3)})
+
+        async def reporter() -> None:
+            while True:  # also while listing: a client sees the daemon is working
+                await trio.sleep(PROGRESS_INTERVAL_S)
+                await report()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(reporter)
+            result = await self._warm(patterns, ws, state, check, pin_owner, pin_expires,
+                                      concurrency)
+            nursery.cancel_scope.cancel()
+        if not check:
+            state["phase"] = "done"
+            await report()
+        return {**result, "seconds": round(time.monotonic() - t0, 3)}
+
+    async def _warm(self, patterns: list[str], ws: WarmSet, state: dict, check: bool,
+                    pin_owner: str | None, pin_expires: float | None, concurrency: int) -> dict:
+        await self.resolve(patterns, ws)
+        total = sum(obj.size for _, obj in ws.files)
+        before = sum(self.cached_bytes(obj) for _, obj in ws.files)
+        room, why = self.room_for(ws.objects)
+        errors = list(ws.errors)
+        state.update(phase="fetching", files=len(ws.files), bytes=total,
+                     bytes_cached_before=before, bytes_done=before, error_count=len(errors))
+        summary = {"files": len(ws.files), "bytes": total, "bytes_cached_before": before,
+                   "unsaved_files": ws.unsaved, "fits": total <= room}
+        if check:
+            return {**summary, "bytes_fetched": 0, "errors": errors[:MAX_REPORTED_ERRORS],
+                    "error_count": len(errors)}
+        if total > room:
+            raise NoSpace(f"the warm set is {format_size(total)} ({len(ws.files)} files) but the cache "
+                          f"can hold {format_size(room)} of it ({why}): warm less, unpin "
+                          f"something, or raise --cache-size")
+        transient = f"warm:{next(self._ids)}"
+        self.cache.pins.add(transient, ws.objects)
+        failed: set[str] = set()
+
+        def fail(path: str, why: str) -> None:
+            if path not in failed:
+                failed.add(path)
+                errors.append({"path": path, "error": why})
+                state["error_count"] = len(errors)
+                log.warning("warm: %s: %s", path, why)
+
+        work = ((path, obj, i) for path, obj in ws.files for i in self._chunks(obj)
+                if not self.cache.has(obj.chunk_key(i)))
+
+        async def worker() -> None:
+            for path, obj, index in work:
+                if path in failed:
+                    continue
+                try:
+                    fetched, cached = await self.fetcher.warm(obj, index)
+                except PreconditionFailed:
+                    fail(path, "changed in the bucket while warming: run the warm again")
+                    continue
+                except TierfsError as exc:
+                    fail(path, str(exc))
+                    continue
+                state["bytes_fetched"] += fetched
+                state["bytes_done"] += self.fetcher.chunk_length(obj, index)
+                self.metrics.warm_bytes.inc(fetched)
+                if not cached:
+                    fail(path, "no room in the cache: everything else is pinned or unsaved")
+
+        try:
+            async with trio.open_nursery() as workers:
+                for _ in range(max(1, concurrency)):
+                    workers.start_soon(worker)
+            if pin_owner:
+                self.cache.pins.add(pin_owner, ws.objects, pin_expires)
+        finally:
+            self.cache.pins.release(transient)
+            with trio.CancelScope(shield=True):
+                await self.cache.flush_index()
+        return {**summary, "bytes_fetched": state["bytes_fetched"],
+                "errors": errors[:MAX_REPORTED_ERRORS], "error_count": len(errors),
+                "pinned": pin_owner, "pin_expires": pin_expires if pin_owner else None}
+
+    async def evict(self, patterns: list[str]) -> dict:
+        """Drop the set's cached chunks (pinned files are kept and counted)."""
+        ws = await self.resolve(patterns)
+        freed = kept = 0
+        for _, obj in ws.files:
+            if obj.oid in self.cache.pins:
+                kept += 1
+                continue
+            for i in self._chunks(obj):
+                freed += await self.cache.evict(obj.chunk_key(i),
+                                                self.fetcher.chunk_length(obj, i))
+        await self.cache.flush_index()
+        return {"files": len(ws.files), "bytes_evicted": freed, "pinned_kept": kept,
+                "errors": ws.errors[:MAX_REPORTED_ERRORS], "error_count": len(ws.errors)}
+
+    async def unpin(self, patterns: list[str]) -> dict:
+        ws = await self.resolve(patterns)
+        released = self.cache.pins.release_objects(set(ws.objects))
+        return {"files": len(ws.files), "pins_released": released,
+                "errors": ws.errors[:MAX_REPORTED_ERRORS], "error_count": len(ws.errors)}
+
+
+def _join(parent: str, name: str) -> str:
+    return f"{parent}/{name}" if parent else name

@@ -114,6 +114,10 @@ class WriteBack:
     def is_dirty(self, ino: int) -> bool:
         return ino in self.files
 
+    def pending(self) -> int:
+        """Files with writes the object store does not have yet."""
+        return sum(1 for d in self.files.values() if not d.clean and not d.unlinked)
+
     def open(self, ino: int, key: str, base: ObjectVersion | None, *, truncate: bool,
              metadata: dict[str, str]) -> DirtyFile:
         d = self.files.get(ino)

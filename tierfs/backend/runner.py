@@ -2,8 +2,13 @@
 
 Every backend call made by the daemon goes through here, so the request counters and
 latency histograms cover both backends and no boto3 call ever runs on the trio thread.
-Two limiters give foreground reads priority: background work (read-ahead, warm) may use
-at most `background` threads, and foreground calls never wait behind more than that.
+Three lanes give foreground reads priority:
+- read-ahead may hold at most `background` of the `concurrency` threads, so a reader
+  never waits behind more than that;
+- warm (`tierfs warm`) has `warm` threads of its own, so it never takes a reader's slot,
+  and narrows to a quarter of them while any other request is in flight (and for
+  WARM_QUIET_S after): a job reading cold data while a warm runs is not starved of
+  bandwidth by it.
 """
 
 from __future__ import annotations
@@ -20,29 +25,52 @@ from .base import Backend, ListPage, ObjectMeta
 
 T = TypeVar("T")
 
+WARM_QUIET_S = 0.2
+
 
 class AsyncBackend:
     def __init__(self, backend: Backend, metrics: Metrics, *, concurrency: int,
-                 background: int) -> None:
+                 background: int, warm: int = 8) -> None:
         self.sync = backend
         self.metrics = metrics
         self.foreground = trio.CapacityLimiter(concurrency)
         self.background = trio.CapacityLimiter(max(1, min(background, concurrency)))
+        self.warm = trio.CapacityLimiter(warm)
+        self._warm_width = warm
+        self._busy = 0  # requests in flight on the other lanes
+        self._quiet_since = 0.0
 
-    async def _call(self, op: str, fn: Callable[[], T], background: bool) -> T:
+    async def _call(self, op: str, fn: Callable[[], T], background: bool,
+                    warm: bool = False) -> T:
         m = self.metrics
         m.backend_requests.labels(op).inc()
         t0 = time.perf_counter()
         try:
-            if background:
-                async with self.background:
-                    return await trio.to_thread.run_sync(fn, limiter=self.foreground)
-            return await trio.to_thread.run_sync(fn, limiter=self.foreground)
+            if warm:
+                try:
+                    return await trio.to_thread.run_sync(fn, limiter=self.warm)
+                finally:
+                    self._maybe_widen_warm()
+            self._busy += 1
+            self.warm.total_tokens = max(1, self._warm_width // 4)
+            try:
+                if background:
+                    async with self.background:
+                        return await trio.to_thread.run_sync(fn, limiter=self.foreground)
+                return await trio.to_thread.run_sync(fn, limiter=self.foreground)
+            finally:
+                self._busy -= 1
+                self._quiet_since = trio.current_time()
         except BackendError:
             m.backend_errors.labels(op).inc()
             raise
         finally:
             m.backend_seconds.labels(op).observe(time.perf_counter() - t0)
+
+    def _maybe_widen_warm(self) -> None:
+        # checked as each warm request ends: at least one always runs, so this is reached
+        if not self._busy and trio.current_time() - self._quiet_since >= WARM_QUIET_S:
+            self.warm.total_tokens = self._warm_width
 
     async def check(self) -> None:
         await self._call("head_bucket", self.sync.check, False)
@@ -56,9 +84,9 @@ class AsyncBackend:
         return await self._call("head", functools.partial(self.sync.head, key), False)
 
     async def get(self, key: str, start: int, length: int, etag: str | None, *,
-                  background: bool = False) -> bytes:
+                  background: bool = False, warm: bool = False) -> bytes:
         fn = functools.partial(self.sync.get, key, start, length, etag)
-        data = await self._call("get", fn, background)
+        data = await self._call("get", fn, background, warm)
         self.metrics.backend_bytes.inc(len(data))
         return data
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from typing import Callable, Iterable
+from typing import Callable, Container, Iterable
 
 import trio
 
@@ -26,6 +26,7 @@ from .evictor import Evictor
 from .heat import touched
 from .keys import ObjectVersion, chunk_name
 from .memory import WHOLE, MemoryTier
+from .pins import Pins
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +53,7 @@ class ChunkCache:
         self._pending_deletes: set[bytes] = set()
         self._pending_objects: dict[bytes, dict] = {}
         self._full_logged = False
+        self.pins = Pins(meta, clock=clock)
 
     # ---- start-up ------------------------------------------------------------------
 
@@ -178,7 +180,7 @@ class ChunkCache:
 
     async def _make_room(self, incoming: int) -> bool:
         victims, fits = self.evictor.victims(self._index, self._used + self._reserved + self._dirty,
-                                             incoming, self._writing)
+                                             incoming, self._writing, self.pins)
         for key in victims:
             await self.drop(key, evicted=True)
         if not fits and not self._full_logged:
@@ -200,6 +202,19 @@ class ChunkCache:
         await trio.to_thread.run_sync(self.disk.delete, ckey)
         self._publish()
 
+    async def evict(self, ckey: bytes, length: int) -> int:
+        """Drop a chunk on request (`tierfs evict`) from both tiers: bytes freed on disk."""
+        rec = self._index.get(ckey)
+        self.memory.drop_chunk(ckey, self.blocks_of(length))
+        if rec is None:
+            return 0
+        await self.drop(ckey)
+        return rec.length
+
+    def bytes_of(self, oids: Container[bytes]) -> int:
+        """Bytes on disk of the chunks of these object versions (a scan of the index)."""
+        return sum(r.length for k, r in self._index.items() if k[:16] in oids)
+
     # ---- dirty data ----------------------------------------------------------------
 
     async def reserve_dirty(self, nbytes: int, wait_s: float) -> bool:
@@ -211,7 +226,8 @@ class ChunkCache:
         with trio.move_on_after(wait_s):
             while True:
                 victims, fits = self.evictor.victims(
-                    self._index, self._used + self._reserved + self._dirty, nbytes, self._writing)
+                    self._index, self._used + self._reserved + self._dirty, nbytes, self._writing,
+                    self.pins)
                 for key in victims:
                     await self.drop(key, evicted=True)
                 if fits:
@@ -282,6 +298,10 @@ class ChunkCache:
     @property
     def used_bytes(self) -> int:
         return self._used
+
+    @property
+    def chunk_count(self) -> int:
+        return len(self._index)
 
     def budget(self) -> int:
         b = self.evictor.budget(self._used)

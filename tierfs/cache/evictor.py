@@ -3,14 +3,15 @@
 The budget is the smaller of --cache-size and what the free-space guard allows (the cache
 filesystem keeps min_free_ratio of its size free, whoever else fills it). When usage
 would pass high * budget, the coldest chunks by decayed heat go until usage is at
-low * budget. Chunks in `protected` (being written, and later dirty or pinned) never go.
+low * budget. Chunks in `protected` (being written) and chunks of objects in `pinned`
+(object ids: `tierfs warm --pin`, a warm in progress) never go.
 """
 
 from __future__ import annotations
 
 import heapq
 import os
-from typing import Callable, Iterable
+from typing import Callable, Container, Iterable
 
 from ..meta import ChunkRecord
 from .heat import eviction_order
@@ -35,7 +36,8 @@ class Evictor:
         return max(0, min(self.cache_size, used + avail - reserve))
 
     def victims(self, index: dict[bytes, ChunkRecord], used: int, incoming: int,
-                protected: Iterable[bytes] = ()) -> tuple[list[bytes], bool]:
+                protected: Iterable[bytes] = (),
+                pinned: Container[bytes] = ()) -> tuple[list[bytes], bool]:
         """Chunks to evict so that `incoming` more bytes fit, and whether they then fit."""
         budget = self.budget(used)
         if used + incoming <= self.high * budget:
@@ -45,7 +47,7 @@ class Evictor:
         hl = self.half_life
         order = heapq.nsmallest(
             len(index), ((eviction_order(r.heat, r.last_access, hl), k) for k, r in index.items()
-                         if k not in keep))
+                         if k not in keep and k[:16] not in pinned))
         out = []
         for _, k in order:
             if used <= target:
