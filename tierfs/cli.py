@@ -15,8 +15,10 @@ import sys
 import time
 from typing import NoReturn
 
-from .config import MountConfig, build_config, parse_o_options
-from .errors import TierfsError
+from . import sdnotify
+from .config import (MountConfig, build_config, build_config_with_file, parse_o_options,
+                     read_config_file)
+from .errors import TierfsError, UsageError
 from .runpaths import pid_file
 
 # (flag, dest, help); every value is validated in config.build_config
@@ -35,6 +37,8 @@ _MOUNT_OPTIONS = [
     ("--dirty-wait", "dirty_wait", "wait this long for uploads before writes fail ENOSPC (60s)"),
     ("--rename-max-objects", "rename_max_objects",
      "rename directories of up to this many objects; larger ones EXDEV (1000)"),
+    ("--drain-timeout", "drain_timeout",
+     "at unmount, wait this long for pending uploads; the rest stays journaled (60s)"),
     ("--log-level", "log_level", "debug, info, warning or error (default info)"),
     ("--log-file", "log_file", "log here (default: stderr; in the background CACHE_DIR/tierfs.log)"),
 ]
@@ -55,8 +59,10 @@ def _parser() -> argparse.ArgumentParser:
     p = _Parser(prog="tierfs", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
     m = sub.add_parser("mount", help="mount a bucket")
-    m.add_argument("source", help="s3://BUCKET[/PREFIX] or file:///DIR")
-    m.add_argument("mountpoint")
+    m.add_argument("source", nargs="?", help="s3://BUCKET[/PREFIX] or file:///DIR")
+    m.add_argument("mountpoint", nargs="?")
+    m.add_argument("--config", metavar="FILE",
+                   help="TOML file with source, mountpoint and options; the command line wins")
     for flag, dest, help_ in _MOUNT_OPTIONS:
         m.add_argument(flag, dest=dest, help=help_)
     m.add_argument("--allow-other", dest="allow_other", action="store_true", default=None,
@@ -70,8 +76,11 @@ def _parser() -> argparse.ArgumentParser:
     m.add_argument("-f", "--foreground", action="store_true", help="do not daemonize")
     m.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
     u = sub.add_parser("unmount", help="unmount and wait for the daemon to finish")
-    u.add_argument("mountpoint")
+    u.add_argument("mountpoint", nargs="?")
     u.add_argument("--timeout", type=float, default=60.0, help="seconds to wait (default 60)")
+    u.add_argument("--config", metavar="FILE", help="the mount point of this TOML file")
+    u.add_argument("--if-mounted", action="store_true",
+                   help="succeed quietly when nothing is mounted (systemd's ExecStopPost=)")
     # the other subcommands live with what they drive; each registers its parsers and
     # sets `run` (a function of the parsed args that returns the exit status)
     from . import ctl, slurm
@@ -87,7 +96,7 @@ def main(argv: list[str] | None = None) -> None:
         if args.command == "mount":
             _mount(args, argv)
         elif args.command == "unmount":
-            _unmount(args.mountpoint, args.timeout)
+            _unmount(_unmount_target(args), args.timeout, args.if_mounted)
         else:
             sys.exit(args.run(args))
     except TierfsError as exc:
@@ -107,6 +116,10 @@ def _config(args: argparse.Namespace) -> MountConfig:
     for flag in ("allow_other", "read_only", "writeback"):
         if getattr(args, flag):
             options[flag] = True
+    if args.config:
+        return build_config_with_file(args.config, args.source, args.mountpoint, options)
+    if not args.source or not args.mountpoint:
+        raise UsageError("mount needs SOURCE and MOUNTPOINT (or --config FILE)")
     return build_config(args.source, args.mountpoint, options)
 
 
@@ -143,6 +156,8 @@ def _mount(args: argparse.Namespace, argv: list[str] | None) -> None:
     def on_ready() -> None:
         _write_pid(pid_file(cfg.mountpoint))
         logging.getLogger("tierfs").info("mounted %s on %s", cfg.source, cfg.mountpoint)
+        # under a Type=notify unit: active only now that the mount answers
+        sdnotify.notify("READY=1", f"STATUS=mounted {cfg.source} on {cfg.mountpoint}")
         if ready_fd is not None:
             os.write(ready_fd, b"READY\n")
             os.close(ready_fd)
@@ -191,9 +206,22 @@ def _spawn_background(cfg: MountConfig, argv: list[str]) -> None:
     _fail(f"the tierfs daemon exited with status {rc} before the mount was ready; see {log_file}")
 
 
-def _unmount(mountpoint: str, timeout: float) -> None:
+def _unmount_target(args: argparse.Namespace) -> str:
+    if args.mountpoint:
+        return args.mountpoint
+    if args.config:
+        mountpoint = read_config_file(args.config).get("mountpoint")
+        if mountpoint:
+            return str(mountpoint)
+        raise UsageError(f"no mount point: give MOUNTPOINT or `mountpoint = ...` in {args.config}")
+    raise UsageError("unmount needs MOUNTPOINT (or --config FILE)")
+
+
+def _unmount(mountpoint: str, timeout: float, if_mounted: bool = False) -> None:
     mp = os.path.abspath(mountpoint)
     if not _in_mountinfo(mp):  # not os.path.ismount: it stats, and a dead daemon's mount hangs or fails
+        if if_mounted:  # after a clean stop the daemon has unmounted itself already
+            return
         _fail(f"{mp} is not mounted")
     pid = None
     try:
