@@ -33,6 +33,7 @@ import tomllib
 from dataclasses import dataclass, field
 
 from .config import parse_bool, parse_duration
+from .ctl import locate, tierfs_mounts  # where the mounts are; the protocol stays in ctl
 from .errors import UsageError
 
 CONFIG_ENV = "TIERFS_SLURM_CONFIG"
@@ -257,8 +258,8 @@ class Log:
 
 # ----------------------------------------------------------------------------- running tierfs
 def _tierfs(args: list[str], timeout: float) -> tuple[int, str, str]:
-    """Run a tierfs subcommand in a child (the same interpreter); (rc, stdout, last stderr
-    line). A child that outlives `timeout` is killed: rc 124 like timeout(1)."""
+    """Run a tierfs subcommand in a child (the same interpreter); (rc, stdout, its error
+    lines joined). A child that outlives `timeout` is killed: rc 124 like timeout(1)."""
     env = dict(os.environ)
     env.setdefault("PATH", SAFE_PATH)
     proc = subprocess.Popen([sys.executable, "-m", "tierfs", *args], stdin=subprocess.DEVNULL,
@@ -270,35 +271,44 @@ def _tierfs(args: list[str], timeout: float) -> tuple[int, str, str]:
         proc.kill()
         out, err = proc.communicate()
         return 124, out, f"timed out after {timeout:g}s"
-    lines = [ln for ln in err.strip().splitlines() if ln.strip()]
-    return proc.returncode, out, (lines[-1] if lines else "")
+    lines = [ln.strip().removeprefix("tierfs: error: ") for ln in err.splitlines() if ln.strip()]
+    return proc.returncode, out, "; ".join(lines)
 
 
 def _shorten(text: str, limit: int = 1000) -> str:
     return text if len(text) <= limit else text[:limit] + "..."
 
 
-def _summary(stdout: str) -> str:
-    """files/bytes of the final JSON line of `tierfs warm --json`, as key=value words."""
-    for line in reversed(stdout.strip().splitlines()):
+def _json_lines(stdout: str) -> list[dict]:
+    out = []
+    for line in stdout.splitlines():
         try:
             data = json.loads(line)
         except ValueError:
             continue
-        if isinstance(data, dict) and "files" in data:
-            words = [f"{k}={data[k]}" for k in ("files", "bytes", "bytes_cached_before",
-                                                "bytes_fetched") if k in data]
-            errors = data.get("errors")
-            if errors:
-                words.append(f"errors={len(errors) if isinstance(errors, list) else errors}")
-            return " ".join(words)
-    return ""
+        if isinstance(data, dict):
+            out.append(data)
+    return out
+
+
+_SUMMED = ("files", "bytes", "bytes_cached_before", "bytes_fetched", "error_count")
+
+
+def _summary(stdout: str) -> str:
+    """The summaries of `tierfs warm --json` (one per mount) added up, as key=value words."""
+    summaries = [d for d in _json_lines(stdout) if d.get("event") == "summary"]
+    if not summaries:
+        return ""
+    words = [f"mounts={len(summaries)}"]
+    words += [f"{k}={sum(int(d.get(k) or 0) for d in summaries)}" for k in _SUMMED]
+    return " ".join(words)
 
 
 # ----------------------------------------------------------------------------- the hooks
-def collect(job: Job, declared: Declared) -> tuple[list[str], list[str]]:
+def collect(job: Job, declared: Declared, mounts: list | None = None) -> tuple[list[str], list[str]]:
     """(paths to warm, problems): the comment's paths plus the manifests' lines, less what
-    the job's user could not read."""
+    is not under a tierfs mount (`mounts`, default: this node's) or the job's user could
+    not read."""
     problems = list(declared.errors)
     paths = list(declared.paths)
     for manifest in declared.manifests:
@@ -310,11 +320,24 @@ def collect(job: Job, declared: Declared) -> tuple[list[str], list[str]]:
         paths += more
         problems += errors
     paths = list(dict.fromkeys(paths))  # keep the order, drop repeats
-    if paths:
+    # `tierfs warm` refuses the whole set for one path outside a mount: leave those out here
+    mounts = tierfs_mounts() if mounts is None else mounts
+    outside = [p for p in paths if not _under_mount(p, mounts)]
+    problems += [f"not under a tierfs mount: {p}" for p in outside]
+    paths = [p for p in paths if p not in outside]
+    if paths and job.uid != 0:  # root's jobs read anything; warm reports what is missing
         denied = user_cannot_read(job, paths)
         problems += [f"{why} for {job.user}: {p}" for p, why in denied.items()]
         paths = [p for p in paths if p not in denied]
     return paths, problems
+
+
+def _under_mount(path: str, mounts: list) -> bool:
+    try:
+        locate(path, mounts)
+    except UsageError:
+        return False
+    return True
 
 
 def _job_comment(job: Job, settings: Settings) -> str:
@@ -364,11 +387,15 @@ def prolog(settings: Settings, job: Job, log: Log) -> int:
 
 def epilog(settings: Settings, job: Job, log: Log) -> int:
     # always: cheap when nothing is pinned, and the comment may have changed since the prolog
-    rc, _, err = _tierfs(["unpin", "--job", job.id], settings.timeout)
+    rc, out, err = _tierfs(["unpin", "--job", job.id, "--json"], settings.timeout)
     if rc != 0:
         # pins left behind end with pin_ttl; draining a node for that is not worth it
         log.line(f"user={job.user} unpin FAILED (pins expire after pin_ttl): "
-                 f"{err or f'exit {rc}'}")
+                 f"{_shorten(err or f'exit {rc}')}")
+        return 0
+    released = sum(int(d.get("objects") or 0) for d in _json_lines(out))
+    if released:
+        log.line(f"user={job.user} unpinned {released} files")
     return 0
 
 

@@ -6,6 +6,7 @@ import sys
 
 import pytest
 
+from tierfs.ctl import TierfsMount
 from tierfs.errors import UsageError
 from tierfs.slurm import (
     Declared,
@@ -114,6 +115,16 @@ def test_bad_settings(tmp_path, text, error):
 
 # ------------------------------------------------------------------ as the job's user
 NOBODY = Job("1", "nobody", 65534, 65534)
+EVERYWHERE = [TierfsMount("/", 0)]  # as if all paths were under a tierfs mount
+
+
+def test_paths_outside_tierfs_mounts_are_left_out():
+    mounts = [TierfsMount("/mnt/data", 0), TierfsMount("/mnt/data/ckpt", 0)]
+    paths, problems = collect(Job("1", "root", 0, 0), Declared(paths=(
+        "/mnt/data/a", "/mnt/datax/b", "/mnt/data/ckpt/*.pt", "/tmp/c")), mounts)
+    assert paths == ["/mnt/data/a", "/mnt/data/ckpt/*.pt"]
+    assert problems == ["not under a tierfs mount: /mnt/datax/b",
+                        "not under a tierfs mount: /tmp/c"]
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="dropping to the job user needs root")
 
 
@@ -124,7 +135,7 @@ def test_manifest_is_read_as_the_job_user(tmp_path, public_dir):
     secret.write_text("/etc/shadow\n")
     public = public_dir / "mine.warm"
     public.write_text("# mine\n/etc/passwd\n/etc/hostname\n")
-    paths, problems = collect(NOBODY, Declared(manifests=(str(secret), str(public))))
+    paths, problems = collect(NOBODY, Declared(manifests=(str(secret), str(public))), EVERYWHERE)
     assert paths == ["/etc/passwd", "/etc/hostname"]
     assert problems == [f"cannot read manifest {secret} as nobody: Permission denied"]
 
@@ -134,7 +145,7 @@ def test_paths_the_user_cannot_read_are_dropped(tmp_path):
     hidden = tmp_path / "a.bin"  # exists, but inside a folder nobody cannot enter
     hidden.write_text("x")
     paths, problems = collect(NOBODY, Declared(paths=(
-        "/etc/passwd", "/etc/shadow", str(hidden), "/etc/*.conf", "/nonexistent/x")))
+        "/etc/passwd", "/etc/shadow", str(hidden), "/etc/*.conf", "/nonexistent/x")), EVERYWHERE)
     assert paths == ["/etc/passwd", "/etc/*.conf"]
     assert problems == ["unreadable for nobody: /etc/shadow", f"missing for nobody: {hidden}",
                         "missing for nobody: /nonexistent/x"]

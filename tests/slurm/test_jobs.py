@@ -1,0 +1,125 @@
+"""Jobs on a real Slurm whose Prolog/Epilog are the project's wrappers, reading a real tierfs
+mount of the real Ceph RGW. Jobs run as `nobody`, so the mount is --allow-other and lives in
+a 0755 folder; job output goes to a folder owned by nobody.
+
+What the job itself prints is the evidence: the backend GET counter scraped at its first
+line already holds every GET of the data set (the prolog warmed it before), and is the same
+after the job has read everything (the reads came from the cache).
+"""
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from mounting import Mount
+
+pytestmark = pytest.mark.mount
+
+MiB = 1 << 20
+DATA = {"data/a.bin": 3 * MiB + 17, "data/sub/b.bin": 2 * MiB, "data/sub/c.bin": 5000,
+        "ckpt/run42/model.pt": 1 * MiB + 1}
+GET = 'tierfs_backend_requests_total{op="get"}'
+
+# bash: sh (dash) would do, but bash keeps the awk quoting readable
+JOB = """#!/bin/bash
+gets() {{ curl -s http://127.0.0.1:{port}/metrics | awk -v k='{get}' '$1 == k {{print $2}}'; }}
+echo "gets-at-start $(gets)"
+cd {mnt} && sha256sum {files}
+echo "gets-at-end $(gets)"
+"""
+
+
+def payload(key: str, size: int) -> bytes:
+    return hashlib.shake_256(key.encode()).digest(size)
+
+
+@pytest.fixture
+def dataset(rgw, bucket):
+    client = rgw.client()
+    for key, size in DATA.items():
+        client.put_object(Bucket=bucket, Key=key, Body=payload(key, size))
+    return {key: hashlib.sha256(payload(key, size)).hexdigest() for key, size in DATA.items()}
+
+
+@pytest.fixture
+def mount(rgw, bucket, dataset, public_dir):
+    with Mount(rgw, f"s3://{bucket}", public_dir / "mnt", public_dir / "cache",
+               ["--allow-other", "--chunk-size", "1M"]) as m:
+        yield m
+
+
+def tierfs(*argv: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "tierfs", *argv], capture_output=True,
+                          text=True, timeout=120)
+
+
+def job_owners(m: Mount) -> list[str]:
+    r = tierfs("status", m.mountpoint, "--json")
+    assert r.returncode == 0, r.stderr
+    return [o["owner"] for o in json.loads(r.stdout)["pinned"]["owners"]]
+
+
+def hook_lines(slurm, job_id: str) -> list[str]:
+    text = slurm.hook_log.read_text() if slurm.hook_log.exists() else ""
+    return [ln.split(" ", 1)[1] for ln in text.splitlines() if f" job={job_id} " in ln]
+
+
+def gets_now(m: Mount) -> float:
+    return m.counter("tierfs_backend_requests_total", op="get")
+
+
+def job_script(m: Mount, files: list[str]) -> str:
+    return JOB.format(port=m.metrics_port, get=GET, mnt=m.mountpoint, files=" ".join(files))
+
+
+def test_prolog_warms_what_the_job_declares_before_its_first_line(slurm, mount, dataset,
+                                                                   public_dir, job_out):
+    mnt = mount.mountpoint
+    manifest = public_dir / "run42.warm"  # the job's user must be able to read it
+    manifest.write_text(f"# the rest of the set\n{mnt}/data/sub/*.bin\n\n{mnt}/ckpt\n")
+    assert gets_now(mount) == 0
+    job_id = slurm.sbatch(job_script(mount, sorted(DATA)), output=job_out / "job.out",
+                          comment=f"run 42 tierfs:warm={mnt}/data/a.bin "
+                                  f"tierfs:manifest={manifest} owner=nobody")
+    info = slurm.wait_job(job_id)
+    assert info["JobState"] == "COMPLETED", info
+    out = (job_out / "job.out").read_text().splitlines()
+
+    # the bytes are right
+    assert [ln.split() for ln in out[1:-1]] == [[dataset[k], k] for k in sorted(DATA)]
+    # every GET happened before the job's first line, none while it read
+    chunks = sum(-(-size // MiB) for size in DATA.values())
+    gets = float(out[0].split()[1])
+    assert out[0].split()[0] == "gets-at-start" and gets >= chunks
+    assert out[-1].split() == ["gets-at-end", out[0].split()[1]]
+    assert gets_now(mount) == gets
+    assert mount.counter("tierfs_read_bytes_total", source="backend") == 0
+    # the prolog pinned the set for the job, the epilog released it
+    lines = hook_lines(slurm, job_id)
+    assert len(lines) == 2, lines
+    assert lines[0].startswith(f"tierfs-slurm prolog job={job_id} user=nobody warmed and pinned "
+                               f"3 paths mounts=1 files=4 bytes={sum(DATA.values())} "
+                               f"bytes_cached_before=0 bytes_fetched={sum(DATA.values())} "
+                               f"error_count=0 in ")
+    assert lines[1] == f"tierfs-slurm epilog job={job_id} user=nobody unpinned 4 files"
+    assert f"job:{job_id}" not in job_owners(mount)
+    assert slurm.node_state() == "idle"
+
+
+def test_a_job_whose_warm_fails_still_runs_and_the_node_stays_idle(slurm, mount, job_out):
+    mnt = mount.mountpoint
+    job_id = slurm.sbatch("#!/bin/sh\necho the job ran\n", output=job_out / "job.out",
+                          comment=f"tierfs:warm={mnt}/no/such/file.bin,{mnt}/data/*.nomatch")
+    info = slurm.wait_job(job_id)
+    assert info["JobState"] == "COMPLETED", info
+    assert (job_out / "job.out").read_text() == "the job ran\n"
+    assert slurm.node_state() == "idle"
+    assert slurm.node().get("Reason") is None
+    [line] = hook_lines(slurm, job_id)
+    assert line.startswith(f"tierfs-slurm prolog job={job_id} user=nobody warm FAILED "
+                           f"(best-effort: the job starts): missing for nobody: "
+                           f"{mnt}/no/such/file.bin; "), line
+    assert f"job:{job_id}" not in job_owners(mount)
