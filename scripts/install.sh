@@ -121,6 +121,24 @@ else
   step "python packages up to date (pyproject.toml not newer than $(basename "$STAMP"))"
 fi
 
+# tierfs-csi (csi/): its own package; building it generates the CSI gRPC stubs from
+# csi/tierfs_csi/csi.proto (pinned grpcio-tools, never committed), so rebuild when the
+# proto or the packaging changes, or the generated files are missing
+CSI_STAMP=$VENV/.tierfs-csi-install-stamp
+csi_stale() {
+  [ ! -f "$CSI_STAMP" ] || [ ! -f csi/tierfs_csi/csi_pb2.py ] ||
+    [ ! -f csi/tierfs_csi/csi_pb2_grpc.py ] ||
+    [ -n "$(find csi/pyproject.toml csi/setup.py csi/tierfs_csi/csi.proto -newer "$CSI_STAMP")" ]
+}
+if csi_stale; then
+  step "pip install -e 'csi/[test]' (tierfs-csi, generates the CSI gRPC stubs)"
+  run_logged "$VENV/bin/pip" install --disable-pip-version-check --no-input -e 'csi/[test]' ||
+    die "pip install -e 'csi/[test]' failed"
+  touch "$CSI_STAMP"
+else
+  step "tierfs-csi and its gRPC stubs up to date"
+fi
+
 # ---------------------------------------------------------------- /dev/fuse
 if [ ! -d /sys/module/fuse ] && command -v modprobe >/dev/null 2>&1; then
   modprobe fuse >/dev/null 2>&1 || true   # best effort: often built in, or a container

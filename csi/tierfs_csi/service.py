@@ -1,0 +1,210 @@
+"""The CSI services: argument checks and answers; the node work is in volumes.py.
+
+Every RPC goes through `_rpc`: it logs the call by its non-secret fields only (never
+`secrets`, never attribute values), turns CsiError into the gRPC status the spec asks
+for, and anything unforeseen into INTERNAL with its traceback in the plugin's log.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import logging
+import os
+import shutil
+import stat
+
+import grpc
+from google.protobuf.wrappers_pb2 import BoolValue
+
+from . import __version__
+from . import csi_pb2 as pb
+from . import csi_pb2_grpc as pb_grpc
+from .errors import CsiError, invalid
+from .options import OptionError, stage_spec
+from .volumes import TargetRecord, Volumes
+
+log = logging.getLogger("tierfs_csi")
+
+_LOGGED_FIELDS = ("volume_id", "staging_target_path", "target_path", "volume_path", "readonly")
+_MODE = pb.VolumeCapability.AccessMode
+_READER_ONLY = (_MODE.SINGLE_NODE_READER_ONLY, _MODE.MULTI_NODE_READER_ONLY)
+_FS_TYPES = ("", "tierfs", "fuse.tierfs")
+
+
+def _rpc(method):
+    @functools.wraps(method)
+    def wrapper(self, request, context):
+        name = method.__name__
+        fields = " ".join(f"{f}={getattr(request, f)!r}" for f in _LOGGED_FIELDS
+                          if f in request.DESCRIPTOR.fields_by_name)
+        log.debug("%s %s", name, fields)
+        try:
+            return method(self, request, context)
+        except CsiError as exc:
+            log.info("%s %s -> %s: %s", name, fields, exc.code.name, exc.message)
+            context.abort(exc.code, exc.message)
+        except OSError as exc:
+            message = f"{exc.strerror or exc}" + (f": {exc.filename}" if exc.filename else "")
+            log.error("%s %s -> INTERNAL: %s", name, fields, message)
+            context.abort(grpc.StatusCode.INTERNAL, message)
+        except Exception:
+            log.exception("%s %s failed", name, fields)
+            context.abort(grpc.StatusCode.INTERNAL, f"{name}: internal error (see plugin log)")
+    return wrapper
+
+
+def _required(request, *names: str) -> None:
+    for name in names:
+        present = request.HasField(name) if name == "volume_capability" \
+            else bool(getattr(request, name))
+        if not present:
+            raise invalid(f"{name} is required")
+        if name.endswith("_path") and not os.path.isabs(getattr(request, name)):
+            raise invalid(f"{name} must be an absolute path")
+
+
+def _capability(cap: pb.VolumeCapability) -> tuple[str, bool]:
+    """(a summary to compare publish arguments with, whether the mode is reader-only)"""
+    if cap.HasField("block"):
+        raise invalid("volume_capability: block access is not supported; tierfs volumes "
+                      "are file systems (volumeMode: Filesystem)")
+    if not cap.HasField("mount"):
+        raise invalid("volume_capability.mount is required (access type mount)")
+    if cap.mount.fs_type not in _FS_TYPES:
+        raise invalid(f"volume_capability.mount.fs_type {cap.mount.fs_type!r} is not "
+                      "supported; leave it empty (or 'tierfs')")
+    mode = cap.access_mode.mode
+    if mode == _MODE.UNKNOWN:
+        raise invalid("volume_capability.access_mode is required")
+    summary = f"{_MODE.Mode.Name(mode)}|{','.join(cap.mount.mount_flags)}"
+    return summary, mode in _READER_ONLY
+
+
+class Identity(pb_grpc.IdentityServicer):
+    def __init__(self, driver_name: str, volumes: Volumes):
+        self.driver_name = driver_name
+        self.volumes = volumes
+        self._last_problem: str | None = None
+
+    @_rpc
+    def GetPluginInfo(self, request, context):
+        return pb.GetPluginInfoResponse(name=self.driver_name, vendor_version=__version__)
+
+    @_rpc
+    def GetPluginCapabilities(self, request, context):
+        return pb.GetPluginCapabilitiesResponse()  # node only: no controller service
+
+    @_rpc
+    def Probe(self, request, context):
+        problem = tierfs_problem(self.volumes.state_dir)
+        if problem != self._last_problem:  # Probe is polled: log changes only
+            if problem:
+                log.warning("not ready: %s", problem)
+            elif self._last_problem:
+                log.info("ready again")
+            self._last_problem = problem
+        return pb.ProbeResponse(ready=BoolValue(value=problem is None))
+
+
+def tierfs_problem(state_dir: str) -> str | None:
+    """Why tierfs cannot run on this node, or None."""
+    try:
+        if not stat.S_ISCHR(os.stat("/dev/fuse").st_mode):
+            return "/dev/fuse is not a character device"
+    except OSError:
+        return "/dev/fuse is missing (the plugin container must be privileged)"
+    if shutil.which("fusermount3") is None:
+        return "fusermount3 is not on PATH (install fuse3)"
+    if importlib.util.find_spec("tierfs") is None:
+        return "the tierfs package is not installed"
+    if not os.access(state_dir, os.W_OK | os.X_OK):
+        return f"state dir {state_dir} is not writable"
+    return None
+
+
+class Controller(pb_grpc.ControllerServicer):
+    """Only ControllerGetCapabilities, so sanity suites can drive a node-only plugin."""
+
+    @_rpc
+    def ControllerGetCapabilities(self, request, context):
+        rpc = pb.ControllerServiceCapability.RPC(type=pb.ControllerServiceCapability.RPC.UNKNOWN)
+        return pb.ControllerGetCapabilitiesResponse(
+            capabilities=[pb.ControllerServiceCapability(rpc=rpc)])
+
+
+class Node(pb_grpc.NodeServicer):
+    def __init__(self, node_id: str, volumes: Volumes):
+        self.node_id = node_id
+        self.volumes = volumes
+
+    @_rpc
+    def NodeGetInfo(self, request, context):
+        return pb.NodeGetInfoResponse(node_id=self.node_id)
+
+    @_rpc
+    def NodeGetCapabilities(self, request, context):
+        rpc = pb.NodeServiceCapability.RPC
+        return pb.NodeGetCapabilitiesResponse(capabilities=[
+            pb.NodeServiceCapability(rpc=rpc(type=t))
+            for t in (rpc.STAGE_UNSTAGE_VOLUME, rpc.GET_VOLUME_STATS)])
+
+    @_rpc
+    def NodeStageVolume(self, request, context):
+        _required(request, "volume_id", "staging_target_path", "volume_capability")
+        _, reader_only = _capability(request.volume_capability)
+        try:
+            spec = stage_spec(dict(request.volume_context),
+                              list(request.volume_capability.mount.mount_flags), reader_only,
+                              request.staging_target_path)
+            with self.volumes.lock(request.volume_id):
+                self.volumes.stage(request.volume_id, request.staging_target_path, spec,
+                                   dict(request.secrets))
+        except OptionError as exc:
+            raise invalid(str(exc)) from None
+        return pb.NodeStageVolumeResponse()
+
+    @_rpc
+    def NodeUnstageVolume(self, request, context):
+        _required(request, "volume_id", "staging_target_path")
+        with self.volumes.lock(request.volume_id):
+            self.volumes.unstage(request.volume_id, request.staging_target_path)
+        return pb.NodeUnstageVolumeResponse()
+
+    @_rpc
+    def NodePublishVolume(self, request, context):
+        _required(request, "volume_id", "staging_target_path", "target_path",
+                  "volume_capability")
+        summary, reader_only = _capability(request.volume_capability)
+        want = TargetRecord(request.volume_id, request.target_path,
+                            request.staging_target_path, request.readonly or reader_only,
+                            summary)
+        with self.volumes.lock(request.volume_id):
+            self.volumes.publish(want)
+        return pb.NodePublishVolumeResponse()
+
+    @_rpc
+    def NodeUnpublishVolume(self, request, context):
+        _required(request, "volume_id", "target_path")
+        with self.volumes.lock(request.volume_id):
+            self.volumes.unpublish(request.volume_id, request.target_path)
+        return pb.NodeUnpublishVolumeResponse()
+
+    @_rpc
+    def NodeGetVolumeStats(self, request, context):
+        _required(request, "volume_id", "volume_path")
+        path = request.volume_path
+        if not os.path.exists(path) and not self.volumes.owns_path(request.volume_id, path):
+            raise CsiError(grpc.StatusCode.NOT_FOUND, f"volume_path {path} does not exist")
+        if not self.volumes.owns_path(request.volume_id, path):
+            raise CsiError(grpc.StatusCode.NOT_FOUND,
+                           f"volume {request.volume_id} is not mounted at {path}")
+        s = os.statvfs(path)  # tierfs answers with its cache budget and usage
+        unit = pb.VolumeUsage
+        return pb.NodeGetVolumeStatsResponse(usage=[
+            unit(unit=unit.BYTES, total=s.f_blocks * s.f_frsize,
+                 available=s.f_bavail * s.f_frsize,
+                 used=(s.f_blocks - s.f_bfree) * s.f_frsize),
+            unit(unit=unit.INODES, total=s.f_files, available=s.f_favail,
+                 used=s.f_files - s.f_ffree),
+        ])
