@@ -79,8 +79,18 @@ class ControlServer:
         async with stream:
             try:
                 await self._answer(stream)
-            except trio.BrokenResourceError:
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
                 pass  # the client went away; whatever it asked was cancelled
+            except Exception:  # a bug: log it, answer, and keep the mount serving
+                log.exception("control request failed")
+                with trio.move_on_after(1):
+                    try:
+                        await stream.send_all(json.dumps(
+                            {"v": PROTOCOL, "ok": False,
+                             "error": "internal error (the daemon's log has details)"}
+                        ).encode() + b"\n")
+                    except (trio.BrokenResourceError, trio.ClosedResourceError):
+                        pass
 
     async def _answer(self, stream: trio.SocketStream) -> None:
         async def send(msg: dict) -> None:

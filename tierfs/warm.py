@@ -140,18 +140,22 @@ class Warmer:
         results: dict[int, list[tuple[bytes, Inode]]] = {}
         limiter = trio.CapacityLimiter(LISTING_CONCURRENCY)
 
+        failures: list[TierfsError] = []
+
         async def ls(i: int, path: str, d: Inode) -> None:
             async with limiter:
                 try:
                     results[i] = await self.ns.listdir(d.ino)
                 except TierfsError as exc:
-                    if ws is None:
-                        raise
-                    ws.errors.append({"path": path or "/", "error": str(exc)})
+                    failures.append(exc)
+                    if ws is not None:
+                        ws.errors.append({"path": path or "/", "error": str(exc)})
 
         async with trio.open_nursery() as nursery:
             for i, (path, d) in enumerate(dirs):
                 nursery.start_soon(ls, i, path, d)
+        if failures and ws is None:
+            raise failures[0]
         return [(_join(path, name.decode(errors="surrogateescape")), child)
                 for i, (path, _) in enumerate(dirs) for name, child in results.get(i, ())]
 
@@ -210,9 +214,16 @@ class Warmer:
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(reporter)
-            result = await self._warm(patterns, ws, state, check, pin_owner, pin_expires,
-                                      concurrency)
+            try:
+                result = await self._warm(patterns, ws, state, check, pin_owner, pin_expires,
+                                          concurrency)
+            except TierfsError as exc:  # raised below, bare: callers catch TierfsError
+                error = exc
+            else:
+                error = None
             nursery.cancel_scope.cancel()
+        if error is not None:
+            raise error
         if not check:
             state["phase"] = "done"
             await report()
