@@ -22,7 +22,7 @@ import grpc
 from tierfs_csi import csi_pb2 as pb  # generated at install time (scripts/install.sh)
 from tierfs_csi import csi_pb2_grpc as pb_grpc
 
-from mounting import free_port, parse_metrics, sum_samples
+from mounting import free_port, is_mounted, parse_metrics, sum_samples  # noqa: F401
 
 DRIVER = "csi.tierfs.io"
 MODE = pb.VolumeCapability.AccessMode
