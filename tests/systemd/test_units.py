@@ -49,13 +49,14 @@ def test_verify_prints_nothing(tmp_path):
 
 
 @pytest.mark.parametrize("mistake", [
-    ("Restart=on-failure", "Restart=sometimes"),
-    ("ExecStart=", "ExecStrat="),
-    ("KillMode=mixed", "KillMode=gently"),
+    ("\nRestart=on-failure", "\nRestart=sometimes"),
+    ("\nExecStart=", "\nExecStrat="),
+    ("\nKillMode=mixed", "\nKillMode=gently"),
 ])
 def test_verify_would_catch_a_mistake(tmp_path, mistake):
     # the check above is only worth something if a broken unit makes output
     old, new = mistake
+    assert old in (UNITS / TEMPLATES[0]).read_text()
     r = verify(instance_copies(tmp_path, edit=lambda t: t.replace(old, new, 1)))
     assert r.stdout + r.stderr != ""
 

@@ -1,0 +1,114 @@
+"""tierfs@.service and tierfs-warm@.service under a real systemd (PID 1 in systemd-nspawn)
+against the tests' Ceph RGW: active only once the mount answers, stop uploads what is
+pending and unmounts, Restart=on-failure brings a killed daemon back, a bad
+configuration fails with one line in the journal, and the warm unit warms a manifest."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+pytestmark = pytest.mark.mount
+
+
+def wait_for(predicate, what: str, timeout: float = 90.0):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.2)
+
+
+def test_active_only_once_the_mount_answers(machine, mount_config, rgw, bucket):
+    rgw.client().put_object(Bucket=bucket, Key="dir/hello.txt", Body=b"hello from s3\n")
+    name = mount_config()
+    unit = f"tierfs@{name}.service"
+    machine.run("systemctl", "start", unit)  # Type=notify: returns after READY=1
+    # no waiting: the unit is active, so the mount answers now
+    assert machine.run("cat", f"/mnt/{name}/dir/hello.txt").stdout == "hello from s3\n"
+    props = machine.show(unit, "ActiveState", "SubState", "StatusText", "Type")
+    assert props["ActiveState"] == "active" and props["SubState"] == "running"
+    assert props["Type"] == "notify"
+    assert props["StatusText"] == f"mounted s3://{bucket}/ on /mnt/{name}"
+    machine.run("systemctl", "stop", unit)
+
+
+def test_stop_uploads_pending_files_then_unmounts(machine, mount_config, rgw, bucket):
+    name = mount_config(writeback="true")
+    unit = f"tierfs@{name}.service"
+    machine.run("systemctl", "start", unit)
+    data = os.urandom(24 << 20)  # several chunks: a multipart upload
+    # with writeback, close() returns before the upload: the stop has to finish it
+    machine.run("sh", "-c", f"cat > /mnt/{name}/checkpoint.bin", input=data)
+    machine.run("systemctl", "stop", unit)
+    assert not machine.mounted(f"/mnt/{name}")
+    props = machine.show(unit, "ActiveState", "Result", "ExecMainStatus")
+    assert props == {"ActiveState": "inactive", "Result": "success", "ExecMainStatus": "0"}
+    body = rgw.client().get_object(Bucket=bucket, Key="checkpoint.bin")["Body"].read()
+    assert body == data
+    journal = machine.journal(unit)
+    assert "signal SIGTERM: unmounting" in journal and f"unmounted /mnt/{name}" in journal
+    assert "Traceback" not in journal and "unsaved files remain" not in journal
+    # the ExecStopPost= cleanup found nothing to do and said nothing
+    assert "tierfs: error" not in journal
+
+
+def test_restart_on_failure_after_sigkill(machine, mount_config, rgw, bucket):
+    rgw.client().put_object(Bucket=bucket, Key="a.txt", Body=b"still here\n")
+    name = mount_config()
+    unit = f"tierfs@{name}.service"
+    machine.run("systemctl", "start", unit)
+    first = machine.show(unit, "MainPID")["MainPID"]
+    machine.run("kill", "-KILL", first)
+
+    def restarted():
+        p = machine.show(unit, "MainPID", "ActiveState", "SubState", "NRestarts")
+        return p if (p["MainPID"] not in ("0", first) and p["ActiveState"] == "active"
+                     and p["SubState"] == "running") else None
+
+    props = wait_for(restarted, f"{unit} to be restarted")
+    assert props["NRestarts"] == "1"
+    # the dead mount was detached (ExecStopPost=) and the new daemon mounted again
+    assert machine.run("cat", f"/mnt/{name}/a.txt").stdout == "still here\n"
+    machine.run("systemctl", "stop", unit)
+    assert not machine.mounted(f"/mnt/{name}")
+    assert machine.show(unit, "Result")["Result"] == "success"
+
+
+def test_bad_configuration_fails_with_one_journal_line(machine, mount_config):
+    name = mount_config(cache_size='"lots"')
+    unit = f"tierfs@{name}.service"
+    r = machine.run("systemctl", "start", unit, check=False)
+    assert r.returncode != 0
+    journal = machine.journal(unit)
+    assert (f"tierfs: error: /etc/tierfs/{name}.toml: invalid cache-size 'lots'"
+            in journal), journal
+    assert "Traceback" not in journal
+    machine.run("systemctl", "stop", unit)  # cancels the pending restart
+    assert not machine.mounted(f"/mnt/{name}")
+
+
+def test_warm_unit_warms_the_manifest(machine, mount_config, rgw, bucket):
+    client = rgw.client()
+    blobs = {f"train/part-{i}.bin": os.urandom(3 << 20) for i in range(3)}
+    for key, body in blobs.items():
+        client.put_object(Bucket=bucket, Key=key, Body=body)
+    client.put_object(Bucket=bucket, Key="other/skip.bin", Body=b"x" * 1000)
+    name = mount_config()
+    (machine.etc / f"{name}.warm").write_text(f"# what jobs read\n/mnt/{name}/train\n")
+    warm = f"tierfs-warm@{name}.service"
+    # Requires= + After=: starting the warm unit starts the mount first
+    machine.run("systemctl", "start", warm)
+    assert machine.show(f"tierfs@{name}.service", "ActiveState")["ActiveState"] == "active"
+    props = machine.show(warm, "Result", "ExecMainStatus")
+    assert props == {"Result": "success", "ExecMainStatus": "0"}
+    check = machine.run("/usr/local/bin/tierfs", "warm", "--check", f"/mnt/{name}/train",
+                        check=False)
+    assert check.returncode == 0, check.stdout + check.stderr  # exit 3 if not all cached
+    assert "3 files" in machine.journal(warm)
+    machine.run("systemctl", "stop", f"tierfs@{name}.service")
