@@ -27,6 +27,7 @@ import pwd
 import re
 import subprocess
 import sys
+import syslog
 import tempfile
 import time
 import tomllib
@@ -151,6 +152,13 @@ def load_settings(path: str, must_exist: bool = False) -> Settings:
     unknown = sorted(set(data) - known)
     if unknown:
         raise UsageError(f"{path}: unknown setting {unknown[0]!r} (known: {', '.join(sorted(known))})")
+    try:
+        return _settings_from(data, path)
+    except UsageError as exc:
+        raise UsageError(f"{path}: {exc}") from None
+
+
+def _settings_from(data: dict, path: str) -> Settings:
     kw: dict[str, object] = {"source": path}
     if "strict" in data:
         kw["strict"] = parse_bool(data["strict"], "strict")
@@ -159,10 +167,12 @@ def load_settings(path: str, must_exist: bool = False) -> Settings:
         kw["pin_ttl"] = None if ttl in ("", 0, "0", False) else parse_duration(ttl, "pin_ttl")
     if "timeout" in data:
         kw["timeout"] = parse_duration(data["timeout"], "timeout")
+        if kw["timeout"] <= 0:
+            raise UsageError("timeout must be more than 0")
     for name in ("log_file", "scontrol"):
         if name in data:
             if not isinstance(data[name], str):
-                raise UsageError(f"{path}: {name} must be a string")
+                raise UsageError(f"{name} must be a string")
             kw[name] = data[name]
     if kw.get("log_file") == "":  # log_file = "": stderr only
         kw["log_file"] = None
@@ -399,17 +409,28 @@ def epilog(settings: Settings, job: Job, log: Log) -> int:
     return 0
 
 
-def _run(args: argparse.Namespace) -> int:
+def _settings(args: argparse.Namespace) -> Settings:
     path = config_path(args.config)
+    return load_settings(path, must_exist=bool(args.config or os.environ.get(CONFIG_ENV)))
+
+
+def _run(args: argparse.Namespace) -> int:
     try:
-        settings = load_settings(path, must_exist=bool(args.config or os.environ.get(CONFIG_ENV)))
+        settings = _settings(args)
     except UsageError as exc:
-        sys.stderr.write(f"tierfs-slurm: error: {exc}\n")
-        return 2
+        message = f"tierfs-slurm {args.hook}: error: {exc}"
+        sys.stderr.write(message + "\n")
+        if "SLURM_JOB_ID" not in os.environ:
+            return 2
+        # under slurmd: a typo in the site's file must not drain every node it reaches;
+        # there is no log file to trust, so syslog as well
+        syslog.openlog("tierfs-slurm")
+        syslog.syslog(syslog.LOG_ERR, message)
+        return 0
     try:
         job = Job.from_env(os.environ)
     except UsageError as exc:
-        sys.stderr.write(f"tierfs-slurm: error: {exc}\n")
+        sys.stderr.write(f"tierfs-slurm {args.hook}: error: {exc}\n")
         return 2
     log = Log(settings, args.hook, job.id)
     try:
@@ -419,12 +440,32 @@ def _run(args: argparse.Namespace) -> int:
         return 1 if settings.strict and args.hook == "prolog" else 0
 
 
+def _check(args: argparse.Namespace) -> int:
+    """Validate the site settings and show what the hooks will use."""
+    try:
+        settings = _settings(args)
+    except UsageError as exc:
+        sys.stderr.write(f"tierfs-slurm check: error: {exc}\n")
+        return 2
+    where = settings.source
+    if where == "defaults":
+        where = f"defaults (there is no {config_path(args.config)})"
+    print(f"settings: {where}")
+    ttl = "none" if settings.pin_ttl is None else f"{settings.pin_ttl:g}s"
+    print(f"strict = {str(settings.strict).lower()}\npin_ttl = {ttl}\n"
+          f"timeout = {settings.timeout:g}s\nlog_file = {settings.log_file or '(stderr only)'}\n"
+          f"scontrol = {settings.scontrol}")
+    return 0
+
+
 def add_parsers(sub: argparse._SubParsersAction) -> None:
     s = sub.add_parser("slurm", help="Slurm prolog/epilog: warm and pin a job's data")
     hooks = s.add_subparsers(dest="hook", required=True, parser_class=type(s))
-    for hook, text in (("prolog", "warm and pin what the job declares (slurmd's Prolog=)"),
-                       ("epilog", "release the job's pins (slurmd's Epilog=)")):
+    for hook, text, run in (
+            ("prolog", "warm and pin what the job declares (slurmd's Prolog=)", _run),
+            ("epilog", "release the job's pins (slurmd's Epilog=)", _run),
+            ("check", "validate the site settings and print them", _check)):
         h = hooks.add_parser(hook, help=text, description=text)
         h.add_argument("--config", help=f"site settings (default ${CONFIG_ENV}, else "
                        f"{CONFIG_NAME} beside slurm.conf)")
-        h.set_defaults(run=_run)
+        h.set_defaults(run=run)

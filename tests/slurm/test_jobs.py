@@ -195,6 +195,11 @@ def test_strict_mode_fails_the_prolog_and_slurm_drains_the_node(slurm, mount, jo
             time.sleep(0.1)
         assert slurm.node()["Reason"] == "Prolog"  # "Prolog error", cut at the space
         assert not (job_out / "job.out").exists()  # the job did not run here
+        while (info := slurm.job(job_id))["JobState"] == "COMPLETING":  # its epilog
+            assert time.monotonic() < deadline, info
+            time.sleep(0.1)
+        # requeued and held (Priority 0), as Slurm does without nohold_on_prolog_fail
+        assert (info["JobState"], info["Priority"]) == ("PENDING", "0"), info
         [line] = hook_lines(slurm, job_id)
         assert line.startswith(f"tierfs-slurm prolog job={job_id} user=nobody warm FAILED "
                                f"(strict: failing the prolog): missing for nobody: ")

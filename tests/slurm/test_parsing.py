@@ -105,6 +105,7 @@ def test_settings_file(tmp_path):
     ("timeout = \"soon\"\n", "invalid timeout"),
     ("strict = \n", "tierfs-slurm.toml"),
     ("log_file = 3\n", "log_file must be a string"),
+    ("timeout = 0\n", "timeout must be more than 0"),
 ])
 def test_bad_settings(tmp_path, text, error):
     p = tmp_path / "tierfs-slurm.toml"
@@ -164,15 +165,41 @@ def test_hook_outside_slurm_is_one_usage_line(tmp_path):
     r = run_hook("prolog", {}, tmp_path)
     assert r.returncode == 2 and r.stdout == ""
     assert r.stderr.strip().splitlines() == [
-        "tierfs-slurm: error: SLURM_JOB_ID is not set: run this as slurmd's Prolog=/Epilog="]
+        "tierfs-slurm prolog: error: SLURM_JOB_ID is not set: run this as slurmd's Prolog=/Epilog="]
 
 
-def test_missing_explicit_settings_file_is_one_line(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "tierfs", "slurm", "prolog", "--config",
-                        str(tmp_path / "nope.toml")], capture_output=True, text=True,
-                       env={**os.environ, "SLURM_JOB_ID": "3", "SLURM_JOB_UID": "0"})
-    assert r.returncode == 2
-    assert len(r.stderr.strip().splitlines()) == 1 and "no such settings file" in r.stderr
+def slurm_cmd(*argv, **env):
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "TIERFS_"))}
+    return subprocess.run([sys.executable, "-m", "tierfs", "slurm", *argv], capture_output=True,
+                          text=True, env={**base, **env}, timeout=60)
+
+
+def test_check_shows_the_settings_or_one_error_line(tmp_path):
+    p = tmp_path / "tierfs-slurm.toml"
+    p.write_text('strict = true\npin_ttl = "2h"\n')
+    r = slurm_cmd("check", "--config", str(p))
+    assert r.returncode == 0 and r.stderr == ""
+    assert r.stdout.splitlines()[:3] == [f"settings: {p}", "strict = true", "pin_ttl = 7200s"]
+    r = slurm_cmd("check", SLURM_CONF=str(tmp_path / "slurm.conf"))  # found beside slurm.conf
+    assert r.stdout.splitlines()[:2] == [f"settings: {p}", "strict = true"]
+    r = slurm_cmd("check", SLURM_CONF=str(tmp_path / "elsewhere" / "slurm.conf"))
+    assert r.stdout.splitlines()[0] == \
+        f"settings: defaults (there is no {tmp_path}/elsewhere/tierfs-slurm.toml)"
+    p.write_text('strict = "maybe"\n')
+    r = slurm_cmd("check", SLURM_CONF=str(tmp_path / "slurm.conf"))
+    assert (r.returncode, r.stdout) == (2, "")
+    assert r.stderr.splitlines() == [f"tierfs-slurm check: error: {p}: invalid strict "
+                                     f"'maybe': expected true or false"]
+
+
+def test_broken_settings_under_slurmd_do_not_fail_the_hook(tmp_path):
+    # exit 2 would drain every node the file reaches; the error goes to stderr and syslog
+    for hook in ("prolog", "epilog"):
+        r = slurm_cmd(hook, "--config", str(tmp_path / "nope.toml"), SLURM_JOB_ID="3",
+                      SLURM_JOB_UID="0")
+        assert r.returncode == 0
+        assert r.stderr.splitlines() == [
+            f"tierfs-slurm {hook}: error: {tmp_path}/nope.toml: no such settings file"]
 
 
 def test_bad_declaration_is_logged_and_the_prolog_exits_0(tmp_path):
