@@ -184,7 +184,9 @@ class Volumes:
         if pid is not None:
             log.warning("ending tierfs daemon pid %d of the stale mount %s", pid, path)
             os.kill(pid, signal.SIGKILL)
-            _wait_gone(pid, 10.0)
+            deadline = time.monotonic() + 10.0  # its lock goes with its last fd
+            while self.daemon_pid(volume_id) is not None and time.monotonic() < deadline:
+                time.sleep(0.05)
 
     def heal(self, volume_id: str) -> bool:
         """Remount a recorded volume whose staging mount went stale. True if it is live."""
@@ -340,17 +342,3 @@ def _last_line(text: str) -> str:
     lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
     line = lines[-1] if lines else "no message"
     return line.removeprefix("tierfs: error: ")
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
-
-
-def _wait_gone(pid: int, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while _alive(pid) and time.monotonic() < deadline:
-        time.sleep(0.05)
