@@ -122,7 +122,7 @@ def search_root(path: str) -> str:
 class Settings:
     strict: bool = False  # True: a failed warm exits 1 and Slurm drains the node
     pin_ttl: float | None = 7 * 86400.0  # pins end by themselves if an epilog never runs
-    timeout: float = 300.0  # for the whole warm; keep it under PrologEpilogTimeout
+    timeout: float = 300.0  # for the whole prolog; keep it under PrologEpilogTimeout
     log_file: str | None = "/var/log/tierfs/slurm.log"
     scontrol: str = "scontrol"
     source: str = field(default="defaults", compare=False)
@@ -203,7 +203,7 @@ class Job:
 
 def _as_user(job: Job, argv: list[str], stdin: str = "", timeout: float = 30.0):
     """Run argv with the job user's uid, gid and groups (when we are root), so what it
-    reads is what the job itself could read."""
+    reads is what the job itself could read. A hung file system is a DeclarationError."""
     drop: dict[str, object] = {}
     if os.geteuid() == 0 and job.uid != 0:
         try:
@@ -211,9 +211,14 @@ def _as_user(job: Job, argv: list[str], stdin: str = "", timeout: float = 30.0):
         except (KeyError, OSError):  # a uid without a passwd entry: its primary group only
             groups = [job.gid]
         drop = {"user": job.uid, "group": job.gid, "extra_groups": groups}
-    return subprocess.run(argv, input=stdin, capture_output=True, text=True, errors="replace",
-                          timeout=timeout, cwd="/", env={"PATH": SAFE_PATH, "LC_ALL": "C"},
-                          **drop)  # type: ignore[call-overload]
+    try:
+        return subprocess.run(argv, input=stdin, capture_output=True, text=True,
+                              errors="replace", timeout=timeout, cwd="/",
+                              env={"PATH": SAFE_PATH, "LC_ALL": "C"},
+                              **drop)  # type: ignore[call-overload]
+    except subprocess.TimeoutExpired:
+        raise DeclarationError(f"{argv[0]} as {job.user} did not finish in {timeout:g}s "
+                               "(a hung file system?)") from None
 
 
 def read_manifest(job: Job, path: str) -> str:
@@ -238,9 +243,12 @@ def user_cannot_read(job: Job, paths: list[str]) -> dict[str, str]:
     cannot read. Missing as seen by the user: a folder it may not enter hides the rest."""
     roots = sorted({search_root(p) for p in paths})
     r = _as_user(job, ["sh", "-c", _ACCESS_SH], stdin="".join(f"{p}\n" for p in roots))
-    bad_roots = dict(line.split(" ", 1)[::-1] for line in r.stdout.splitlines() if " " in line)
     if r.returncode != 0:
         raise DeclarationError(f"cannot check access as {job.user}: {r.stderr.strip()[:200]}")
+    bad_roots = {}
+    for line in r.stdout.splitlines():
+        why, _, root = line.partition(" ")
+        bad_roots[root] = why
     return {p: bad_roots[search_root(p)] for p in paths if search_root(p) in bad_roots}
 
 
@@ -280,7 +288,7 @@ def _tierfs(args: list[str], timeout: float) -> tuple[int, str, str]:
     except subprocess.TimeoutExpired:
         proc.kill()
         out, err = proc.communicate()
-        return 124, out, f"timed out after {timeout:g}s"
+        return 124, out, "timed out"
     lines = [ln.strip().removeprefix("tierfs: error: ") for ln in err.splitlines() if ln.strip()]
     return proc.returncode, out, "; ".join(lines)
 
@@ -336,7 +344,10 @@ def collect(job: Job, declared: Declared, mounts: list | None = None) -> tuple[l
     problems += [f"not under a tierfs mount: {p}" for p in outside]
     paths = [p for p in paths if p not in outside]
     if paths and job.uid != 0:  # root's jobs read anything; warm reports what is missing
-        denied = user_cannot_read(job, paths)
+        try:
+            denied = user_cannot_read(job, paths)
+        except DeclarationError as exc:  # nothing could be checked: warm nothing
+            return [], problems + [str(exc)]
         problems += [f"{why} for {job.user}: {p}" for p, why in denied.items()]
         paths = [p for p in paths if p not in denied]
     return paths, problems
@@ -367,7 +378,7 @@ def _job_comment(job: Job, settings: Settings) -> str:
 
 
 def prolog(settings: Settings, job: Job, log: Log) -> int:
-    started = time.monotonic()
+    started = time.monotonic()  # `timeout` is for all of it, not only the warm
     declared = parse_comment(_job_comment(job, settings))
     if not declared:
         return 0  # the job asked for nothing: nothing to log either
@@ -381,8 +392,11 @@ def prolog(settings: Settings, job: Job, log: Log) -> int:
             argv = ["warm", "--manifest", f.name, "--job", job.id, "--json"]
             if settings.pin_ttl:
                 argv += ["--pin-ttl", f"{settings.pin_ttl:g}s"]
-            rc, out, err = _tierfs(argv, settings.timeout)
+            left = settings.timeout - (time.monotonic() - started)
+            rc, out, err = _tierfs(argv, max(left, 0.001))
         outcome = _summary(out)
+        if rc == 124:  # the daemon drops a warm whose client went away: nothing is pinned
+            err = f"timed out after {settings.timeout:g}s (the timeout setting), nothing pinned"
         if rc != 0:
             problems.append(err or f"tierfs warm exited {rc}")
     took = f"in {time.monotonic() - started:.1f}s"

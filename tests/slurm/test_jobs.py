@@ -175,7 +175,7 @@ def test_a_warm_over_its_timeout_is_killed_and_logged(slurm, mount, public_dir):
                  SLURM_JOB_COMMENT=f"tierfs:warm={mount.mountpoint}/data")
     assert r.returncode == 0
     line = "tierfs-slurm prolog job=999999 user=nobody warm FAILED (best-effort: the job " \
-           "starts): timed out after 0.001s"
+           "starts): timed out after 0.001s (the timeout setting), nothing pinned"
     assert r.stderr.startswith(line) and len(r.stderr.splitlines()) == 1
     assert line in (public_dir / "hook.log").read_text()
     assert run_hook(slurm, "epilog", "999999", TIERFS_SLURM_CONFIG=str(settings)).returncode == 0
