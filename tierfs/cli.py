@@ -132,7 +132,10 @@ def _setup_logging(cfg: MountConfig, background: bool) -> None:
         handler = logging.FileHandler(log_file)
     else:
         handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    if not log_file and sdnotify.stderr_is_journal():  # under systemd
+        handler.setFormatter(sdnotify.JournalFormatter("%(levelname)s %(name)s: %(message)s"))
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(cfg.log_level.upper())

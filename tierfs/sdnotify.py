@@ -42,3 +42,25 @@ def extend_timeout(seconds: float) -> str:
     """The EXTEND_TIMEOUT_USEC= field that gives the current phase (start, stop) `seconds`
     more; systemd never shortens its own timeout because of it."""
     return f"EXTEND_TIMEOUT_USEC={int(seconds * 1_000_000)}"
+
+
+def stderr_is_journal() -> bool:
+    """True when stderr is the journal stream systemd connected this service to
+    ($JOURNAL_STREAM is its device:inode), not a terminal or a file it was redirected to."""
+    dev, sep, ino = os.environ.get("JOURNAL_STREAM", "").partition(":")
+    try:
+        st = os.fstat(2)
+        return bool(sep) and (st.st_dev, st.st_ino) == (int(dev), int(ino))
+    except (OSError, ValueError):
+        return False
+
+
+class JournalFormatter(logging.Formatter):
+    """Lines for the journal: no time stamp (the journal has its own) and a "<N>" syslog
+    priority prefix on every line, so `journalctl -p warning` finds tierfs's warnings."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        level = record.levelno
+        prio = (7 if level < logging.INFO else 6 if level < logging.WARNING else
+                4 if level < logging.ERROR else 3 if level < logging.CRITICAL else 2)
+        return "\n".join(f"<{prio}>{line}" for line in super().format(record).splitlines())

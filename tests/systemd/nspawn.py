@@ -70,8 +70,9 @@ def rootfs(log=sys.stderr) -> Path:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if (root / "etc/os-release").exists():
             return root
+        for stale in CACHE.glob(".*.partial-*"):  # left by a build that was killed
+            shutil.rmtree(stale, ignore_errors=True)
         partial = CACHE / f".{root.name}.partial-{os.getpid()}"
-        shutil.rmtree(partial, ignore_errors=True)
         cmd = ["debootstrap", "--variant=minbase", f"--include={PACKAGES}", SUITE,
                str(partial), debian_mirror()]
         print(f"nspawn: building {root} ({' '.join(cmd)})", file=log, flush=True)

@@ -135,3 +135,16 @@ def test_cli_without_source_or_config_fails_with_one_line():
                        text=True, timeout=60)
     assert r.returncode != 0
     assert r.stderr == "tierfs: error: mount needs SOURCE and MOUNTPOINT (or --config FILE)\n"
+
+
+def test_unmount_takes_the_mount_point_from_the_file(tmp_path):
+    # what the unit's ExecStopPost= runs: quiet success when nothing is mounted
+    path = write(tmp_path, f'source = "s3://bkt"\nmountpoint = "{tmp_path}/mnt"\n')
+    cmd = [sys.executable, "-m", "tierfs", "unmount", "--config", path]
+    r = subprocess.run([*cmd, "--if-mounted"], capture_output=True, text=True, timeout=60)
+    assert (r.returncode, r.stdout, r.stderr) == (0, "", "")
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and r.stderr == f"tierfs: error: {tmp_path}/mnt is not mounted\n"
+    bad = write(tmp_path, 'cache_size = "1G"\n')
+    r = subprocess.run(cmd[:-1] + [bad], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and "no mount point" in r.stderr and r.stderr.count("\n") == 1

@@ -1,6 +1,7 @@
 """sdnotify: the datagram systemd reads from $NOTIFY_SOCKET (path or abstract '@' name),
 and nothing at all when the variable is unset or systemd is not listening."""
 
+import logging
 import os
 import socket
 import uuid
@@ -56,3 +57,28 @@ def test_nobody_listening_is_logged_not_raised(monkeypatch, tmp_path, caplog):
 def test_extend_timeout_is_in_microseconds():
     assert sdnotify.extend_timeout(90) == "EXTEND_TIMEOUT_USEC=90000000"
     assert sdnotify.extend_timeout(0.5) == "EXTEND_TIMEOUT_USEC=500000"
+
+
+def test_stderr_is_the_journal_only_when_its_device_and_inode_match(monkeypatch):
+    st = os.fstat(2)
+    monkeypatch.setenv("JOURNAL_STREAM", f"{st.st_dev}:{st.st_ino}")
+    assert sdnotify.stderr_is_journal() is True
+    monkeypatch.setenv("JOURNAL_STREAM", f"{st.st_dev}:{st.st_ino + 1}")
+    assert sdnotify.stderr_is_journal() is False
+    for value in ("", "garbage", "1:"):
+        monkeypatch.setenv("JOURNAL_STREAM", value)
+        assert sdnotify.stderr_is_journal() is False
+    monkeypatch.delenv("JOURNAL_STREAM")
+    assert sdnotify.stderr_is_journal() is False
+
+
+def test_journal_lines_carry_their_priority_and_no_time():
+    fmt = sdnotify.JournalFormatter("%(levelname)s %(name)s: %(message)s")
+
+    def line(level, msg):
+        return fmt.format(logging.LogRecord("tierfs.daemon", level, __file__, 1, msg, None, None))
+
+    assert line(logging.INFO, "mounted") == "<6>INFO tierfs.daemon: mounted"
+    assert line(logging.WARNING, "w") == "<4>WARNING tierfs.daemon: w"
+    assert line(logging.ERROR, "two\nlines") == "<3>ERROR tierfs.daemon: two\n<3>lines"
+    assert line(logging.DEBUG, "d").startswith("<7>")
