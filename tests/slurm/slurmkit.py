@@ -29,7 +29,8 @@ HOOKS = REPO / "systemd" / "slurm"
 TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
             "BOOT_FAIL", "DEADLINE", "PREEMPTED"}
 
-# kill each "PID COMM" on stdin's EOF, if /proc still shows that program under that PID
+# on stdin's EOF: kill each "PID:COMM" of $1 if /proc still shows that program under that
+# PID, SIGKILL the ones left, remove the folder $2
 _WATCHDOG = r"""
 read -r _ || true
 for pc in $1; do p=${pc%%:*}; c=${pc#*:}
@@ -37,6 +38,7 @@ for pc in $1; do p=${pc%%:*}; c=${pc#*:}
 sleep 3
 for pc in $1; do p=${pc%%:*}; c=${pc#*:}
   [ "$(cat /proc/$p/comm 2>/dev/null)" = "$c" ] && kill -9 "$p"; done
+rm -rf -- "$2"
 exit 0
 """
 
@@ -223,7 +225,8 @@ class Slurm:
         """(Re)start the watchdog with the PIDs known so far."""
         self._end_watchdog()
         pids = " ".join(f"{p}:{c}" for p, c in self.pids.items())
-        self._watchdog = subprocess.Popen(["bash", "-c", _WATCHDOG, "slurm-watchdog", pids],
+        self._watchdog = subprocess.Popen(["bash", "-c", _WATCHDOG, "slurm-watchdog", pids,
+                                           str(self.dir)],
                                           stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
                                           stderr=subprocess.DEVNULL, start_new_session=True)
 

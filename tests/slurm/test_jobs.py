@@ -112,6 +112,26 @@ def test_prolog_warms_what_the_job_declares_before_its_first_line(slurm, mount, 
     assert slurm.node_state() == "idle"
 
 
+def test_a_job_declaring_data_on_two_mounts(rgw, bucket, slurm, mount, dataset, public_dir,
+                                            job_out):
+    # the same bucket mounted a second time, with its own cache: two daemons, two sockets
+    with Mount(rgw, f"s3://{bucket}", public_dir / "mnt2", public_dir / "cache2",
+               ["--allow-other", "--chunk-size", "1M"]) as other:
+        a, b = f"{mount.mountpoint}/data/a.bin", f"{other.mountpoint}/ckpt/run42/model.pt"
+        job_id = slurm.sbatch(f"#!/bin/sh\nsha256sum {a} {b}\n", output=job_out / "job.out",
+                              comment=f"tierfs:warm={a},{b}")
+        assert slurm.wait_job(job_id)["JobState"] == "COMPLETED"
+        sums = [ln.split()[0] for ln in (job_out / "job.out").read_text().splitlines()]
+        assert sums == [dataset["data/a.bin"], dataset["ckpt/run42/model.pt"]]
+        for m in (mount, other):  # each mount fetched its file in the prolog, the job nothing
+            assert m.counter("tierfs_read_bytes_total", source="backend") == 0
+            assert gets_now(m) > 0
+        prolog, epilog = hook_lines(slurm, job_id)
+        size = DATA["data/a.bin"] + DATA["ckpt/run42/model.pt"]
+        assert f" warmed and pinned 2 paths mounts=2 files=2 bytes={size} " in prolog
+        assert epilog.startswith(f"tierfs-slurm epilog job={job_id} user=nobody unpinned 2 files")
+
+
 def test_a_job_whose_warm_fails_still_runs_and_the_node_stays_idle(slurm, mount, job_out):
     mnt = mount.mountpoint
     job_id = slurm.sbatch("#!/bin/sh\necho the job ran\n", output=job_out / "job.out",
