@@ -1,7 +1,8 @@
 """tierfs@.service and tierfs-warm@.service under a real systemd (PID 1 in systemd-nspawn)
 against the tests' Ceph RGW: active only once the mount answers, stop uploads what is
-pending and unmounts, Restart=on-failure brings a killed daemon back, a bad
-configuration fails with one line in the journal, and the warm unit warms a manifest."""
+pending and unmounts (also a mount still in use), Restart=on-failure brings a killed
+daemon back, a bad configuration fails with one line in the journal, and the warm unit
+warms a manifest."""
 
 from __future__ import annotations
 
@@ -58,6 +59,28 @@ def test_stop_uploads_pending_files_then_unmounts(machine, mount_config, rgw, bu
     assert "Traceback" not in journal and "unsaved files remain" not in journal
     # the ExecStopPost= cleanup found nothing to do and said nothing
     assert "tierfs: error" not in journal
+
+
+def test_stop_unmounts_a_mount_still_in_use(machine, mount_config):
+    # a job that outlives the order (its cwd in the mount) must not keep the mount or
+    # make the stop fail: the daemon detaches it (lazily) and exits 0
+    name = mount_config()
+    unit, holder = f"tierfs@{name}.service", f"holder-{name}.service"
+    machine.run("systemctl", "start", unit)
+    machine.run("systemd-run", f"--unit={holder}", "sh", "-c", f"cd /mnt/{name} && exec sleep 600")
+    try:
+        def holding():
+            pid = machine.show(holder, "MainPID")["MainPID"]
+            cwd = machine.run("readlink", f"/proc/{pid}/cwd", check=False).stdout.strip()
+            return pid != "0" and cwd == f"/mnt/{name}"
+
+        wait_for(holding, "the holder to sit in the mount")
+        machine.run("systemctl", "stop", unit)
+        assert not machine.mounted(f"/mnt/{name}")
+        props = machine.show(unit, "ActiveState", "Result", "ExecMainStatus")
+        assert props == {"ActiveState": "inactive", "Result": "success", "ExecMainStatus": "0"}
+    finally:
+        machine.run("systemctl", "stop", holder, check=False)
 
 
 def test_restart_on_failure_after_sigkill(machine, mount_config, rgw, bucket):
