@@ -41,6 +41,9 @@ def _parser() -> argparse.ArgumentParser:
                    help=f"CSI driver name (default {DRIVER_NAME})")
     p.add_argument("--mount-timeout", type=float, default=120.0,
                    help="seconds a tierfs mount or unmount may take (default 120)")
+    p.add_argument("--fs-timeout", type=float, default=10.0,
+                   help="seconds a mount may take to answer statfs before a call on it "
+                        "fails UNAVAILABLE (default 10)")
     p.add_argument("--log-level", default="info",
                    choices=("debug", "info", "warning", "error"))
     return p
@@ -68,8 +71,8 @@ def main(argv: list[str] | None = None) -> None:
         _fail(str(exc), 2)
     if not args.node_id.strip():
         _fail("--node-id must not be empty", 2)
-    if args.mount_timeout <= 0:
-        _fail("--mount-timeout must be positive", 2)
+    if args.mount_timeout <= 0 or args.fs_timeout <= 0:
+        _fail("--mount-timeout and --fs-timeout must be positive", 2)
     logging.basicConfig(stream=sys.stderr, level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
@@ -89,7 +92,8 @@ def serve(args: argparse.Namespace, path: str) -> None:
 
     log = logging.getLogger("tierfs_csi")
     os.makedirs(args.state_dir, mode=0o700, exist_ok=True)
-    volumes = Volumes(args.state_dir, mount_timeout=args.mount_timeout)
+    volumes = Volumes(args.state_dir, mount_timeout=args.mount_timeout,
+                      fs_timeout=args.fs_timeout)
     volumes.adopt_all()
 
     os.makedirs(os.path.dirname(path), exist_ok=True)

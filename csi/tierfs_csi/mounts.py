@@ -12,6 +12,7 @@ import ctypes
 import ctypes.util
 import errno
 import os
+import threading
 from dataclasses import dataclass
 
 MS_RDONLY, MS_REMOUNT, MS_BIND = 1, 32, 4096
@@ -57,10 +58,36 @@ def find(path: str) -> MountEntry | None:
     return found[-1] if found else None
 
 
-def is_stale(path: str) -> bool:
-    """True if `path` is a FUSE mount whose daemon is gone."""
+def statvfs(path: str, timeout: float) -> os.statvfs_result:
+    """os.statvfs that gives up after `timeout` s (TimeoutError): a stopped or wedged
+    daemon blocks the call in the kernel, and a plugin thread stuck there for good would
+    hold its volume's lock for good. The thread is left to finish when the daemon does."""
+    result: list = []
+
+    def run() -> None:
+        try:
+            result.append(os.statvfs(path))
+        except OSError as exc:
+            result.append(exc)
+
+    t = threading.Thread(target=run, name=f"statvfs {path}", daemon=True)
+    t.start()
+    t.join(timeout)
+    if not result:
+        raise TimeoutError(errno.ETIMEDOUT, f"no answer within {timeout:g}s "
+                           "(is its tierfs daemon stopped or hung?)", path)
+    if isinstance(result[0], OSError):
+        raise result[0]
+    return result[0]
+
+
+def is_stale(path: str, timeout: float) -> bool:
+    """True if `path` is a FUSE mount whose daemon is gone; TimeoutError if it is there
+    but does not answer."""
     try:
-        os.statvfs(path)
+        statvfs(path, timeout)
+    except TimeoutError:
+        raise
     except OSError as exc:
         return exc.errno in (errno.ENOTCONN, errno.ECONNABORTED)
     return False
@@ -88,12 +115,12 @@ def unmount(path: str, lazy: bool = False) -> None:
     _check(_libc.umount2(path.encode(), MNT_DETACH if lazy else 0), "unmount", path)
 
 
-def unmount_all(path: str) -> None:
+def unmount_all(path: str, timeout: float) -> None:
     """Unmount every mount stacked at `path`; a dead FUSE one lazily (it cannot answer)."""
     while find(path) is not None:
         try:
             unmount(path)
         except OSError:
-            if not is_stale(path):
+            if not is_stale(path, timeout):
                 raise
             unmount(path, lazy=True)

@@ -22,7 +22,8 @@ from . import csi_pb2 as pb
 from . import csi_pb2_grpc as pb_grpc
 from .errors import CsiError, invalid
 from .options import OptionError, stage_spec
-from .volumes import TargetRecord, Volumes
+from .records import TargetRecord
+from .volumes import Volumes
 
 log = logging.getLogger("tierfs_csi")
 
@@ -44,6 +45,10 @@ def _rpc(method):
         except CsiError as exc:
             log.info("%s %s -> %s: %s", name, fields, exc.code.name, exc.message)
             context.abort(exc.code, exc.message)
+        except TimeoutError as exc:  # a mount that does not answer: kubelet retries later
+            message = f"{exc.filename}: {exc.strerror}"
+            log.warning("%s %s -> UNAVAILABLE: %s", name, fields, message)
+            context.abort(grpc.StatusCode.UNAVAILABLE, message)
         except OSError as exc:
             message = f"{exc.strerror or exc}" + (f": {exc.filename}" if exc.filename else "")
             log.error("%s %s -> INTERNAL: %s", name, fields, message)
@@ -199,7 +204,7 @@ class Node(pb_grpc.NodeServicer):
         if not self.volumes.owns_path(request.volume_id, path):
             raise CsiError(grpc.StatusCode.NOT_FOUND,
                            f"volume {request.volume_id} is not mounted at {path}")
-        s = os.statvfs(path)  # tierfs answers with its cache budget and usage
+        s = self.volumes.statvfs(path)  # tierfs answers with its cache budget and usage
         unit = pb.VolumeUsage
         return pb.NodeGetVolumeStatsResponse(usage=[
             unit(unit=unit.BYTES, total=s.f_blocks * s.f_frsize,

@@ -29,8 +29,9 @@ MODE = pb.VolumeCapability.AccessMode
 
 
 class Plugin:
-    def __init__(self, root: Path, env: dict[str, str] | None = None):
+    def __init__(self, root: Path, env: dict[str, str] | None = None, extra_args=()):
         self.root = root
+        self.extra_args = list(extra_args)
         self.socket = root / "plugin" / "csi.sock"
         self.state_dir = root / "state"
         self.log_path = root / "plugin.log"
@@ -41,7 +42,7 @@ class Plugin:
     @property
     def argv(self) -> list[str]:
         return [sys.executable, "-m", "tierfs_csi", "--endpoint", f"unix://{self.socket}",
-                "--node-id", "node-1", "--state-dir", str(self.state_dir)]
+                "--node-id", "node-1", "--state-dir", str(self.state_dir), *self.extra_args]
 
     def start(self, timeout: float = 30.0) -> "Plugin":
         with open(self.log_path, "ab") as log:

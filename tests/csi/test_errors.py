@@ -243,3 +243,22 @@ def test_unknown_rpc_is_unimplemented(env):
     with pytest.raises(grpc.RpcError) as info:
         call(b"", timeout=10)
     assert info.value.code() == C.UNIMPLEMENTED
+
+
+def test_attributes_take_cli_spellings_and_mount_flags_like_fstab(env):
+    # `metadata-ttl` as on the command line, `ro` and `noatime` as fstab passes them
+    vol = fresh(env)
+    req = env.k.stage_request(vol)
+    req.volume_context["metadata-ttl"] = "30s"
+    req.volume_capability.mount.mount_flags.extend(["ro", "noatime"])
+    env.plugin.node.NodeStageVolume(req)
+    staging = env.k.staging_path(vol)
+    try:
+        record = (env.plugin.state_dir / vol / "stage.json").read_text()
+        assert '"metadata_ttl": "30s"' in record and '"read_only": true' in record
+        with open("/proc/self/mountinfo") as f:
+            opts = next(line.split()[5] for line in f if line.split()[4] == staging)
+        assert "ro" in opts.split(",")  # the daemon itself is read-only
+    finally:
+        env.plugin.node.NodeUnstageVolume(pb.NodeUnstageVolumeRequest(
+            volume_id=vol, staging_target_path=staging))

@@ -95,6 +95,40 @@ def test_restarted_plugin_remounts_a_volume_whose_daemon_died(
         restarted.stop()
 
 
+def test_a_daemon_that_does_not_answer_fails_calls_unavailable_not_forever(
+        kubelet, rgw, bucket, csi_root):
+    put_dataset(rgw, bucket)
+    plugin = Plugin(csi_root, extra_args=["--fs-timeout", "1"]).start()
+    vol = csikit.unique_volume()
+    try:
+        plugin.node.NodeStageVolume(kubelet.stage_request(vol))
+        plugin.node.NodePublishVolume(kubelet.publish_request(vol, "pod"))
+        pid = csikit.daemon_pid(plugin.state_dir, vol)
+        os.kill(pid, signal.SIGSTOP)  # alive, holding its mount, answering nothing
+        try:
+            for call, request in (
+                    ("NodeGetVolumeStats", pb.NodeGetVolumeStatsRequest(
+                        volume_id=vol, volume_path=kubelet.target_path("pod"))),
+                    ("NodePublishVolume", kubelet.publish_request(vol, "pod-2")),
+                    ("NodeStageVolume", kubelet.stage_request(vol))):
+                with pytest.raises(csikit.grpc.RpcError) as info:
+                    getattr(plugin.node, call)(request, timeout=60)
+                assert info.value.code() == csikit.grpc.StatusCode.UNAVAILABLE, call
+                assert "no answer" in info.value.details()
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        # answering again: the same calls go through, the volume's lock was not kept
+        plugin.node.NodePublishVolume(kubelet.publish_request(vol, "pod-2"))
+        for pod in ("pod", "pod-2"):
+            plugin.node.NodeUnpublishVolume(pb.NodeUnpublishVolumeRequest(
+                volume_id=vol, target_path=kubelet.target_path(pod)))
+        plugin.node.NodeUnstageVolume(pb.NodeUnstageVolumeRequest(
+            volume_id=vol, staging_target_path=kubelet.staging_path(vol)))
+        assert csikit.wait_gone(pid)
+    finally:
+        plugin.stop()
+
+
 def _crash_daemon(plugin: Plugin, vol: str) -> None:
     pid = csikit.daemon_pid(plugin.state_dir, vol)
     assert pid is not None
