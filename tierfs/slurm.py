@@ -366,12 +366,15 @@ def _job_comment(job: Job, settings: Settings) -> str:
     # slurmctld from every prolog of a big job is the load Slurm's docs warn about
     if "SLURM_JOB_COMMENT" in os.environ or "SLURM_SCRIPT_CONTEXT" in os.environ:
         return os.environ.get("SLURM_JOB_COMMENT", "")
+    wait = min(30.0, settings.timeout)
     try:
         r = subprocess.run([settings.scontrol, "show", "job", job.id], capture_output=True,
-                           text=True, errors="replace", timeout=30,
+                           text=True, errors="replace", timeout=wait,
                            env={**os.environ, "PATH": os.environ.get("PATH", SAFE_PATH)})
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise DeclarationError(f"scontrol show job {job.id}: {exc}") from None
+    except subprocess.TimeoutExpired:
+        raise DeclarationError(f"scontrol show job {job.id}: no answer in {wait:g}s") from None
+    except OSError as exc:
+        raise DeclarationError(f"{settings.scontrol}: {exc.strerror}") from None
     if r.returncode != 0:
         raise DeclarationError(f"scontrol show job {job.id}: {r.stderr.strip()[:200]}")
     return comment_from_scontrol(r.stdout)
@@ -379,7 +382,10 @@ def _job_comment(job: Job, settings: Settings) -> str:
 
 def prolog(settings: Settings, job: Job, log: Log) -> int:
     started = time.monotonic()  # `timeout` is for all of it, not only the warm
-    declared = parse_comment(_job_comment(job, settings))
+    try:
+        declared = parse_comment(_job_comment(job, settings))
+    except DeclarationError as exc:  # scontrol failed: a failed warm like any other
+        declared = Declared(errors=(str(exc),))
     if not declared:
         return 0  # the job asked for nothing: nothing to log either
     paths, problems = collect(job, declared)
@@ -447,11 +453,13 @@ def _run(args: argparse.Namespace) -> int:
         sys.stderr.write(f"tierfs-slurm {args.hook}: error: {exc}\n")
         return 2
     log = Log(settings, args.hook, job.id)
+    strict = settings.strict and args.hook == "prolog"
     try:
         return (prolog if args.hook == "prolog" else epilog)(settings, job, log)
     except Exception as exc:  # a hook must not leave a traceback, nor drain a node by accident
-        log.line(f"user={job.user} {args.hook} FAILED: {type(exc).__name__}: {exc}")
-        return 1 if settings.strict and args.hook == "prolog" else 0
+        log.line(f"user={job.user} FAILED ({'strict' if strict else 'best-effort'}), "
+                 f"unexpected {type(exc).__name__}: {exc}")
+        return 1 if strict else 0
 
 
 def _check(args: argparse.Namespace) -> int:

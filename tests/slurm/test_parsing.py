@@ -219,3 +219,15 @@ def test_job_without_declaration_logs_nothing(tmp_path):
     r = run_hook("prolog", env, tmp_path)
     assert (r.returncode, r.stderr) == (0, "")
     assert not (tmp_path / "hook.log").exists()
+
+
+def test_without_scontrol_the_comment_is_unknown_and_logged(tmp_path):
+    # no SLURM_JOB_COMMENT / SLURM_SCRIPT_CONTEXT (older slurmd): the hook asks scontrol
+    settings = tmp_path / "s.toml"
+    settings.write_text(f'log_file = "{tmp_path}/hook.log"\nscontrol = "{tmp_path}/scontrol"\n')
+    r = slurm_cmd("prolog", "--config", str(settings), SLURM_JOB_ID="11", SLURM_JOB_UID="0",
+                  SLURM_JOB_USER="root")
+    assert r.returncode == 0
+    [line] = r.stderr.splitlines()
+    assert line.startswith("tierfs-slurm prolog job=11 user=root warm FAILED (best-effort: "
+                           f"the job starts): {tmp_path}/scontrol: No such file or directory in ")
