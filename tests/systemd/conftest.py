@@ -4,8 +4,8 @@
            units in /usr/local/lib/systemd/system, /usr/local/bin/tierfs -> this
            checkout's .venv/bin/tierfs, /etc/tierfs and /var/cache/tierfs bound from a
            host temporary directory (.etc, .cache: pathlib paths on the host)
-  mount_config  (function) writes /etc/tierfs/NAME.toml (+ NAME.credentials, 0600) for
-           the `bucket` and returns NAME
+  mount_config  (function) a function that writes /etc/tierfs/NAME.toml (+ NAME.credentials,
+           0600) for the `bucket` and returns NAME; units left running are stopped after
 """
 
 from __future__ import annotations
@@ -53,24 +53,26 @@ def machine(tmp_path_factory):
 
 @pytest.fixture
 def mount_config(machine, rgw, bucket):
-    def write(**options) -> str:
+    def write(server, bucket, **options) -> str:
         name = f"t{uuid.uuid4().hex[:8]}"
         lines = [f'source = "s3://{bucket}"', f'mountpoint = "/mnt/{name}"',
-                 f'endpoint_url = "{rgw.endpoint}"', f'region = "{rgw.region}"',
+                 f'endpoint_url = "{server.endpoint}"', f'region = "{server.region}"',
                  f'cache_dir = "/var/cache/tierfs/{name}"']
         lines += [f"{k} = {v}" for k, v in options.items()]
         (machine.etc / f"{name}.toml").write_text("\n".join(lines) + "\n")
         cred = machine.etc / f"{name}.credentials"
         cred.touch(mode=0o600)
-        cred.write_text(f"[default]\naws_access_key_id = {rgw.access_key}\n"
-                        f"aws_secret_access_key = {rgw.secret_key}\n")
+        cred.write_text(f"[default]\naws_access_key_id = {server.access_key}\n"
+                        f"aws_secret_access_key = {server.secret_key}\n")
         machine.run("mkdir", "-p", f"/mnt/{name}")
         return name
 
     names: list[str] = []
 
-    def make(**options) -> str:
-        names.append(write(**options))
+    def make(*, server=None, bucket_name=None, **options) -> str:
+        """TOML values as TOML text: make(writeback="true", cache_size='"1G"');
+        server/bucket_name: another RGW and bucket than the fixtures'."""
+        names.append(write(server or rgw, bucket_name or bucket, **options))
         return names[-1]
 
     yield make

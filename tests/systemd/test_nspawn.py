@@ -10,6 +10,7 @@ import os
 import time
 
 import pytest
+from rgw import start_rgw
 
 pytestmark = pytest.mark.mount
 
@@ -81,6 +82,31 @@ def test_stop_unmounts_a_mount_still_in_use(machine, mount_config):
         assert props == {"ActiveState": "inactive", "Result": "success", "ExecMainStatus": "0"}
     finally:
         machine.run("systemctl", "stop", holder, check=False)
+
+
+def test_stop_is_bounded_when_uploads_cannot_finish(machine, mount_config):
+    # the object store goes away with a file still to upload: the stop waits drain_timeout,
+    # keeps the file journaled for the next mount, and still ends cleanly
+    own = start_rgw(memstore_bytes=256 << 20)  # this test stops its own RGW
+    try:
+        own.client().create_bucket(Bucket="drain")
+        name = mount_config(server=own, bucket_name="drain", writeback="true",
+                            drain_timeout='"3s"', backend_retries=1)
+        unit = f"tierfs@{name}.service"
+        machine.run("systemctl", "start", unit)
+        machine.run("ls", f"/mnt/{name}")  # listed: creating a file needs no request then
+        own.stop()
+        machine.run("sh", "-c", f"echo unsaved > /mnt/{name}/late.txt")
+        machine.run("systemctl", "stop", unit)
+        assert not machine.mounted(f"/mnt/{name}")
+        props = machine.show(unit, "ActiveState", "Result", "ExecMainStatus")
+        assert props == {"ActiveState": "inactive", "Result": "success", "ExecMainStatus": "0"}
+        journal = machine.journal(unit)
+        assert "unsaved files remain" in journal and "Traceback" not in journal
+        staged = list((machine.cache / name / "dirty").iterdir())
+        assert [p.read_bytes() for p in staged if p.stat().st_size] == [b"unsaved\n"]
+    finally:
+        own.stop()
 
 
 def test_restart_on_failure_after_sigkill(machine, mount_config, rgw, bucket):
