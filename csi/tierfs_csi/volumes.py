@@ -83,10 +83,12 @@ class Volumes:
         if rec and rec.staging_path != staging and self._live(rec.staging_path):
             raise CsiError(grpc.StatusCode.ALREADY_EXISTS,
                            f"volume {volume_id} is already staged at {rec.staging_path}")
+        stale = False
         if mounts.find(staging):
             if self._stale(staging):
                 log.warning("staging path %s: stale mount (daemon gone), remounting", staging)
                 self._clear_stale(volume_id, staging)
+                stale = True
             elif rec and rec.staging_path == staging and rec.spec == spec:
                 log.info("volume %s already staged at %s (daemon pid %s)", volume_id,
                          staging, self.daemon_pid(volume_id))
@@ -110,6 +112,8 @@ class Volumes:
         except CsiError:
             self.records.drop_stage(volume_id)
             raise
+        if stale:
+            self._rebind_stale_targets(volume_id)
 
     def _mount(self, rec: StageRecord) -> None:
         os.makedirs(rec.staging_path, exist_ok=True)
@@ -152,7 +156,20 @@ class Volumes:
                         rec.staging_path)
             self._clear_stale(volume_id, rec.staging_path)
             self._mount(rec)
+            self._rebind_stale_targets(volume_id)
         return True
+
+    def _rebind_stale_targets(self, volume_id: str) -> None:
+        """Replace the dead binds of a remounted volume with live ones, at the same paths.
+
+        A pod whose volumeMount has mountPropagation HostToContainer sees the new bind
+        (its view is a slave of the host's), so it reads again without a restart; other
+        pods keep the dead view until they are restarted."""
+        for t in self.records.targets(volume_id):
+            if mounts.find(t.target_path) and self._stale(t.target_path):
+                mounts.unmount_all(t.target_path, self.fs_timeout)
+                mounts.bind(t.staging_path, t.target_path, t.readonly)
+                log.info("volume %s: bound %s again", volume_id, t.target_path)
 
     # ------------------------------------------------------------------ unstage
     def unstage(self, volume_id: str, staging: str) -> None:

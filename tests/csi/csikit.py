@@ -129,6 +129,10 @@ class Kubelet:
     def __init__(self, root: Path, rgw, bucket: str | None):
         self.root = root / "kubelet"
         self.root.mkdir(parents=True, exist_ok=True)
+        # as on a node: kubelet's root is a shared mount, so mounts made under it reach
+        # the pods' namespaces that are its slaves (mountPropagation HostToContainer)
+        for args in (["--bind", str(self.root), str(self.root)], ["--make-rshared", str(self.root)]):
+            subprocess.run(["mount", *args], check=True, capture_output=True)
         self.rgw = rgw
         self.bucket = bucket
         self.metrics_ports: dict[str, int] = {}

@@ -91,3 +91,5 @@ def test_example_volume_uses_the_driver_and_only_known_attributes():
     assert claim["spec"]["volumeName"] == _one("PersistentVolume")["metadata"]["name"]
     pod = _one("Pod")["spec"]
     assert pod["volumes"][0]["persistentVolumeClaim"]["claimName"] == claim["metadata"]["name"]
+    # lets a running pod recover when its volume's daemon is restarted
+    assert pod["containers"][0]["volumeMounts"][0]["mountPropagation"] == "HostToContainer"

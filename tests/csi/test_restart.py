@@ -7,6 +7,7 @@ from __future__ import annotations
 import errno
 import os
 import signal
+import subprocess
 
 import csikit
 import pytest
@@ -127,6 +128,45 @@ def test_a_daemon_that_does_not_answer_fails_calls_unavailable_not_forever(
         assert csikit.wait_gone(pid)
     finally:
         plugin.stop()
+
+
+def test_a_pod_with_host_to_container_propagation_reads_again_after_a_crash(
+        plugin, kubelet, rgw, bucket, csi_root):
+    files = put_dataset(rgw, bucket)
+    vol = csikit.unique_volume()
+    plugin.node.NodeStageVolume(kubelet.stage_request(vol))
+    plugin.node.NodePublishVolume(kubelet.publish_request(vol, "pod"))
+    target = kubelet.target_path("pod")
+    # a long-lived "container": its own mount namespace, a slave of the host's
+    pod = subprocess.Popen(
+        ["unshare", "--mount", "--propagation", "slave", "sh", "-c",
+         'while read _; do head -c 100 "$1" 2>/dev/null || echo "not readable"; done',
+         "pod", f"{target}/small.txt"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+    def pod_reads() -> str:
+        pod.stdin.write("\n")
+        pod.stdin.flush()
+        return pod.stdout.readline()
+
+    try:
+        assert pod_reads() == files["small.txt"].decode()
+        plugin.kill9()
+        _crash_daemon(plugin, vol)  # e.g. the plugin container replaced, daemons with it
+        assert pod_reads() == "not readable\n"
+        restarted = Plugin(csi_root).start()  # remounts, binds the pod's path again
+        try:
+            assert pod_reads() == files["small.txt"].decode()
+            restarted.node.NodeUnpublishVolume(pb.NodeUnpublishVolumeRequest(
+                volume_id=vol, target_path=target))
+            restarted.node.NodeUnstageVolume(pb.NodeUnstageVolumeRequest(
+                volume_id=vol, staging_target_path=kubelet.staging_path(vol)))
+        finally:
+            restarted.stop()
+    finally:
+        pod.stdin.close()
+        pod.wait(timeout=30)
+        pod.stdout.close()
 
 
 def _crash_daemon(plugin: Plugin, vol: str) -> None:
