@@ -189,7 +189,7 @@ async def serve(cfg: MountConfig, on_ready: Callable[[], None]) -> None:
                 # systemd: stopping; give the stop timeout room for the bounded drain
                 sdnotify.notify("STOPPING=1", f"STATUS=stopping: uploading pending files "
                                 f"(up to {cfg.drain_timeout:g}s)",
-                                sdnotify.extend_timeout(cfg.drain_timeout + 30))
+                                sdnotify.extend_timeout(stop_bound(cfg)))
                 if not await wb.drain(cfg.drain_timeout):
                     log.warning("unsaved files remain; they are journaled and will be "
                                 "uploaded at the next mount of this cache dir")
@@ -214,6 +214,16 @@ async def _expire_pins(cache: ChunkCache, interval_s: float = 30.0) -> None:
 async def _announce_ready(mountpoint: str, on_ready: Callable[[], None]) -> None:
     await trio.to_thread.run_sync(_raise_read_ahead, mountpoint)
     on_ready()
+
+
+def stop_bound(cfg: MountConfig) -> float:
+    """The longest a stop can take, for systemd's stop timeout: the drain, then backend
+    calls already under way when it ends - a worker thread cannot be cancelled, so each
+    runs out botocore's attempts (connect + read timeout each, backoff of up to 20 s
+    between them) - then the unmount and the index flush (30 s of slack)."""
+    attempt = min(cfg.backend_timeout, 10.0) + cfg.backend_timeout  # as backend/s3.py sets them
+    return (cfg.drain_timeout + cfg.backend_retries * attempt
+            + (cfg.backend_retries - 1) * 20.0 + 30.0)
 
 
 async def _stop_on_signal() -> None:

@@ -7,7 +7,9 @@ warms a manifest."""
 from __future__ import annotations
 
 import os
+import signal
 import time
+from pathlib import Path
 
 import pytest
 from rgw import start_rgw
@@ -85,19 +87,35 @@ def test_stop_unmounts_a_mount_still_in_use(machine, mount_config):
 
 
 def test_stop_is_bounded_when_uploads_cannot_finish(machine, mount_config):
-    # the object store goes away with a file still to upload: the stop waits drain_timeout,
-    # keeps the file journaled for the next mount, and still ends cleanly
-    own = start_rgw(memstore_bytes=256 << 20)  # this test stops its own RGW
+    # the object store hangs with a file still to upload: the stop waits drain_timeout
+    # (and the request under way), keeps the file journaled for the next mount, and ends
+    # cleanly, though that takes longer than the unit's own stop timeout
+    own = start_rgw(memstore_bytes=256 << 20)  # this test freezes and stops its own RGW
+    name = None
     try:
         own.client().create_bucket(Bucket="drain")
         name = mount_config(server=own, bucket_name="drain", writeback="true",
-                            drain_timeout='"3s"', backend_retries=1)
+                            drain_timeout='"3s"', backend_timeout='"2s"', backend_retries=1)
         unit = f"tierfs@{name}.service"
+        # a stop timeout shorter than the drain: the daemon must extend it itself
+        # (EXTEND_TIMEOUT_USEC), or systemd kills it half-way (Result=timeout)
+        dropin = f"/run/systemd/system/{unit}.d"
+        machine.run("mkdir", "-p", dropin)
+        machine.run("sh", "-c", f"printf '[Service]\\nTimeoutStopSec=1s\\n' > {dropin}/t.conf")
+        machine.run("systemctl", "daemon-reload")
+        assert machine.show(unit, "TimeoutStopUSec")["TimeoutStopUSec"] == "1s"
         machine.run("systemctl", "start", unit)
         machine.run("ls", f"/mnt/{name}")  # listed: creating a file needs no request then
-        own.stop()
-        machine.run("sh", "-c", f"echo unsaved > /mnt/{name}/late.txt")
-        machine.run("systemctl", "stop", unit)
+        # frozen, not gone: the upload's request hangs instead of failing at once
+        pids = [int(line.split()[1]) for line in Path(own.dir, "pids").read_text().splitlines()]
+        for pid in pids:
+            os.kill(pid, signal.SIGSTOP)
+        try:
+            machine.run("sh", "-c", f"echo unsaved > /mnt/{name}/late.txt")
+            machine.run("systemctl", "stop", unit)
+        finally:
+            for pid in pids:
+                os.kill(pid, signal.SIGCONT)
         assert not machine.mounted(f"/mnt/{name}")
         props = machine.show(unit, "ActiveState", "Result", "ExecMainStatus")
         assert props == {"ActiveState": "inactive", "Result": "success", "ExecMainStatus": "0"}
@@ -107,6 +125,9 @@ def test_stop_is_bounded_when_uploads_cannot_finish(machine, mount_config):
         assert [p.read_bytes() for p in staged if p.stat().st_size] == [b"unsaved\n"]
     finally:
         own.stop()
+        if name:
+            machine.run("rm", "-rf", f"/run/systemd/system/tierfs@{name}.service.d")
+            machine.run("systemctl", "daemon-reload")
 
 
 def test_restart_on_failure_after_sigkill(machine, mount_config, rgw, bucket):
