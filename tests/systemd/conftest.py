@@ -53,26 +53,33 @@ def machine(tmp_path_factory):
 
 @pytest.fixture
 def mount_config(machine, rgw, bucket):
-    def write(server, bucket, **options) -> str:
+    def write(server, bucket, credentials, **options) -> str:
         name = f"t{uuid.uuid4().hex[:8]}"
         lines = [f'source = "s3://{bucket}"', f'mountpoint = "/mnt/{name}"',
                  f'endpoint_url = "{server.endpoint}"', f'region = "{server.region}"',
                  f'cache_dir = "/var/cache/tierfs/{name}"']
         lines += [f"{k} = {v}" for k, v in options.items()]
         (machine.etc / f"{name}.toml").write_text("\n".join(lines) + "\n")
-        cred = machine.etc / f"{name}.credentials"
-        cred.touch(mode=0o600)
-        cred.write_text(f"[default]\naws_access_key_id = {server.access_key}\n"
-                        f"aws_secret_access_key = {server.secret_key}\n")
+        if credentials == "file":  # LoadCredential=
+            cred = machine.etc / f"{name}.credentials"
+            cred.touch(mode=0o600)
+            cred.write_text(f"[default]\naws_access_key_id = {server.access_key}\n"
+                            f"aws_secret_access_key = {server.secret_key}\n")
+        else:  # EnvironmentFile=
+            env = machine.etc / f"{name}.env"
+            env.touch(mode=0o600)
+            env.write_text(f"AWS_ACCESS_KEY_ID={server.access_key}\n"
+                           f"AWS_SECRET_ACCESS_KEY={server.secret_key}\n")
         machine.run("mkdir", "-p", f"/mnt/{name}")
         return name
 
     names: list[str] = []
 
-    def make(*, server=None, bucket_name=None, **options) -> str:
+    def make(*, server=None, bucket_name=None, credentials="file", **options) -> str:
         """TOML values as TOML text: make(writeback="true", cache_size='"1G"');
-        server/bucket_name: another RGW and bucket than the fixtures'."""
-        names.append(write(server or rgw, bucket_name or bucket, **options))
+        server/bucket_name: another RGW and bucket than the fixtures'; credentials:
+        "file" (NAME.credentials) or "env" (NAME.env)."""
+        names.append(write(server or rgw, bucket_name or bucket, credentials, **options))
         return names[-1]
 
     yield make

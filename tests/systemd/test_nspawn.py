@@ -35,12 +35,29 @@ def test_active_only_once_the_mount_answers(machine, mount_config, rgw, bucket):
     machine.run("systemctl", "start", unit)  # Type=notify: returns after READY=1
     # no waiting: the unit is active, so the mount answers now
     assert machine.run("cat", f"/mnt/{name}/dir/hello.txt").stdout == "hello from s3\n"
+    shown = machine.run("systemctl", "show", unit).stdout
+    assert rgw.secret_key not in shown and rgw.access_key not in shown
     props = machine.show(unit, "ActiveState", "SubState", "StatusText", "Type")
     assert props["ActiveState"] == "active" and props["SubState"] == "running"
     assert props["Type"] == "notify"
     assert props["StatusText"] == f"mounted s3://{bucket}/ on /mnt/{name}"
     # the journal has its own time stamps: the lines carry none
     assert f"INFO tierfs: mounted s3://{bucket}/ on /mnt/{name}" in machine.journal(unit).splitlines()
+    machine.run("systemctl", "stop", unit)
+
+
+def test_credentials_from_an_environment_file(machine, mount_config, rgw, bucket):
+    # no NAME.credentials: LoadCredential= falls back to the empty profile of
+    # SetCredential=, and botocore takes the keys from NAME.env
+    rgw.client().put_object(Bucket=bucket, Key="k.txt", Body=b"via env\n")
+    name = mount_config(credentials="env")
+    unit = f"tierfs@{name}.service"
+    assert not (machine.etc / f"{name}.credentials").exists()
+    machine.run("systemctl", "start", unit)
+    assert machine.run("cat", f"/mnt/{name}/k.txt").stdout == "via env\n"
+    # the keys are nowhere systemd shows them
+    shown = machine.run("systemctl", "show", unit).stdout
+    assert rgw.secret_key not in shown and rgw.access_key not in shown
     machine.run("systemctl", "stop", unit)
 
 
