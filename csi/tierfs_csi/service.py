@@ -199,9 +199,10 @@ class Node(pb_grpc.NodeServicer):
     def NodeGetVolumeStats(self, request, context):
         _required(request, "volume_id", "volume_path")
         path = request.volume_path
-        if not os.path.exists(path) and not self.volumes.owns_path(request.volume_id, path):
-            raise CsiError(grpc.StatusCode.NOT_FOUND, f"volume_path {path} does not exist")
+        # the mount table first: a stat() of a mount whose daemon is stopped would block
         if not self.volumes.owns_path(request.volume_id, path):
+            if not os.path.lexists(path):
+                raise CsiError(grpc.StatusCode.NOT_FOUND, f"volume_path {path} does not exist")
             raise CsiError(grpc.StatusCode.NOT_FOUND,
                            f"volume {request.volume_id} is not mounted at {path}")
         s = self.volumes.statvfs(path)  # tierfs answers with its cache budget and usage

@@ -131,7 +131,8 @@ class Kubelet:
         self.root.mkdir(parents=True, exist_ok=True)
         # as on a node: kubelet's root is a shared mount, so mounts made under it reach
         # the pods' namespaces that are its slaves (mountPropagation HostToContainer)
-        for args in (["--bind", str(self.root), str(self.root)], ["--make-rshared", str(self.root)]):
+        root_dir = str(self.root)
+        for args in (["--bind", root_dir, root_dir], ["--make-rshared", root_dir]):
             subprocess.run(["mount", *args], check=True, capture_output=True)
         self.rgw = rgw
         self.bucket = bucket
