@@ -70,7 +70,8 @@ def parse_comment(comment: str) -> Declared:
     for key, value in _TOKEN_RE.findall(comment or ""):
         items = [v for v in value.split(",") if v] if key == "warm" else [value]
         if key not in ("warm", "manifest"):
-            errors.append(f"unknown token tierfs:{key}= (expected tierfs:warm= or tierfs:manifest=)")
+            errors.append(f"unknown token tierfs:{key}= "
+                          "(expected tierfs:warm= or tierfs:manifest=)")
         elif not items or not all(items):
             errors.append(f"empty tierfs:{key}=")
         else:
@@ -151,7 +152,8 @@ def load_settings(path: str, must_exist: bool = False) -> Settings:
     known = {"strict", "pin_ttl", "timeout", "log_file", "scontrol"}
     unknown = sorted(set(data) - known)
     if unknown:
-        raise UsageError(f"{path}: unknown setting {unknown[0]!r} (known: {', '.join(sorted(known))})")
+        raise UsageError(f"{path}: unknown setting {unknown[0]!r} "
+                         f"(known: {', '.join(sorted(known))})")
     try:
         return _settings_from(data, path)
     except UsageError as exc:
@@ -323,7 +325,8 @@ def _summary(stdout: str) -> str:
 
 
 # ----------------------------------------------------------------------------- the hooks
-def collect(job: Job, declared: Declared, mounts: list | None = None) -> tuple[list[str], list[str]]:
+def collect(job: Job, declared: Declared,
+            mounts: list | None = None) -> tuple[list[str], list[str]]:
     """(paths to warm, problems): the comment's paths plus the manifests' lines, less what
     is not under a tierfs mount (`mounts`, default: this node's) or the job's user could
     not read."""

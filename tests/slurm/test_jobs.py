@@ -64,9 +64,12 @@ def job_owners(m: Mount) -> list[str]:
     return [o["owner"] for o in json.loads(r.stdout)["pinned"]["owners"]]
 
 
-def hook_lines(slurm, job_id: str) -> list[str]:
+def hook_lines(slurm, job_id: str, hook: str) -> list[str]:
+    """The hook's log lines for the job, without their timestamps. (The epilog may log a
+    line for every job: unpin fails on stray mounts that other test runs left dead.)"""
     text = slurm.hook_log.read_text() if slurm.hook_log.exists() else ""
-    return [ln.split(" ", 1)[1] for ln in text.splitlines() if f" job={job_id} " in ln]
+    want = f" tierfs-slurm {hook} job={job_id} "
+    return [ln.split(" ", 1)[1] for ln in text.splitlines() if want in ln]
 
 
 def gets_now(m: Mount) -> float:
@@ -100,14 +103,13 @@ def test_prolog_warms_what_the_job_declares_before_its_first_line(slurm, mount, 
     assert gets_now(mount) == gets
     assert mount.counter("tierfs_read_bytes_total", source="backend") == 0
     # the prolog pinned the set for the job, the epilog released it
-    lines = hook_lines(slurm, job_id)
-    assert len(lines) == 2, lines
-    assert lines[0].startswith(f"tierfs-slurm prolog job={job_id} user=nobody warmed and pinned "
+    [prolog] = hook_lines(slurm, job_id, "prolog")
+    [epilog] = hook_lines(slurm, job_id, "epilog")
+    assert prolog.startswith(f"tierfs-slurm prolog job={job_id} user=nobody warmed and pinned "
                                f"3 paths mounts=1 files=4 bytes={sum(DATA.values())} "
                                f"bytes_cached_before=0 bytes_fetched={sum(DATA.values())} "
                                f"error_count=0 in ")
-    # (other mounts of this node may fail to answer: stray mounts of other test runs)
-    assert lines[1].startswith(f"tierfs-slurm epilog job={job_id} user=nobody unpinned 4 files")
+    assert epilog.startswith(f"tierfs-slurm epilog job={job_id} user=nobody unpinned 4 files")
     assert f"job:{job_id}" not in job_owners(mount)
     assert slurm.node_state() == "idle"
 
@@ -126,7 +128,8 @@ def test_a_job_declaring_data_on_two_mounts(rgw, bucket, slurm, mount, dataset, 
         for m in (mount, other):  # each mount fetched its file in the prolog, the job nothing
             assert m.counter("tierfs_read_bytes_total", source="backend") == 0
             assert gets_now(m) > 0
-        prolog, epilog = hook_lines(slurm, job_id)
+        [prolog] = hook_lines(slurm, job_id, "prolog")
+        [epilog] = hook_lines(slurm, job_id, "epilog")
         size = DATA["data/a.bin"] + DATA["ckpt/run42/model.pt"]
         assert f" warmed and pinned 2 paths mounts=2 files=2 bytes={size} " in prolog
         assert epilog.startswith(f"tierfs-slurm epilog job={job_id} user=nobody unpinned 2 files")
@@ -141,7 +144,7 @@ def test_a_job_whose_warm_fails_still_runs_and_the_node_stays_idle(slurm, mount,
     assert (job_out / "job.out").read_text() == "the job ran\n"
     assert slurm.node_state() == "idle"
     assert slurm.node().get("Reason") is None
-    [line] = hook_lines(slurm, job_id)
+    [line] = hook_lines(slurm, job_id, "prolog")
     assert line.startswith(f"tierfs-slurm prolog job={job_id} user=nobody warm FAILED "
                            f"(best-effort: the job starts): missing for nobody: "
                            f"{mnt}/no/such/file.bin; "), line
@@ -170,7 +173,7 @@ def test_without_the_comment_in_its_environment_the_prolog_asks_scontrol(slurm, 
 
     r = run_hook(slurm, "prolog", job_id)  # the job is still known to slurmctld
     assert (r.returncode, r.stdout) == (0, "")
-    line = hook_lines(slurm, job_id)[-1]
+    line = hook_lines(slurm, job_id, "prolog")[-1]
     assert line.startswith(f"tierfs-slurm prolog job={job_id} user=nobody warmed and pinned 1 "
                            f"paths mounts=1 files=3 bytes={size} bytes_cached_before={size} "
                            f"bytes_fetched=0 error_count=0 in "), line
@@ -182,7 +185,7 @@ def test_without_the_comment_in_its_environment_the_prolog_asks_scontrol(slurm, 
 
     r = run_hook(slurm, "epilog", job_id)
     assert (r.returncode, r.stdout) == (0, "")
-    assert hook_lines(slurm, job_id)[-1].startswith(
+    assert hook_lines(slurm, job_id, "epilog")[-1].startswith(
         f"tierfs-slurm epilog job={job_id} user=nobody unpinned 3 files")
     assert f"job:{job_id}" not in job_owners(mount)
 
@@ -220,7 +223,7 @@ def test_strict_mode_fails_the_prolog_and_slurm_drains_the_node(slurm, mount, jo
             time.sleep(0.1)
         # requeued and held (Priority 0), as Slurm does without nohold_on_prolog_fail
         assert (info["JobState"], info["Priority"]) == ("PENDING", "0"), info
-        [line] = hook_lines(slurm, job_id)
+        [line] = hook_lines(slurm, job_id, "prolog")
         assert line.startswith(f"tierfs-slurm prolog job={job_id} user=nobody warm FAILED "
                                f"(strict: failing the prolog): missing for nobody: ")
     finally:

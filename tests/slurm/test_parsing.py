@@ -80,7 +80,8 @@ JobId=7 JobName=wrap
 
 
 def test_comment_from_scontrol_multiline():
-    assert comment_from_scontrol(SHOW_JOB) == "hello world tierfs:warm=/a,/b  x=y StdErr=not-a-field"
+    assert comment_from_scontrol(SHOW_JOB) == \
+        "hello world tierfs:warm=/a,/b  x=y StdErr=not-a-field"
     assert parse_comment(comment_from_scontrol(SHOW_JOB)).paths == ("/a", "/b")
 
 
