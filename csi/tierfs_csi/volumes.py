@@ -68,9 +68,6 @@ class Volumes:
     def _stale(self, path: str) -> bool:
         return mounts.is_stale(path, self.fs_timeout)
 
-    def _live(self, path: str) -> bool:
-        return mounts.find(path) is not None and not self._stale(path)
-
     def statvfs(self, path: str) -> os.statvfs_result:
         return mounts.statvfs(path, self.fs_timeout)
 
@@ -80,9 +77,11 @@ class Volumes:
         creds = credentials_ini(secrets) if secrets else None
         cred_file = self.records.credentials_file(volume_id)
         rec = self.records.stage(volume_id)
-        if rec and rec.staging_path != staging and self._live(rec.staging_path):
-            raise CsiError(grpc.StatusCode.ALREADY_EXISTS,
-                           f"volume {volume_id} is already staged at {rec.staging_path}")
+        if rec and rec.staging_path != staging and mounts.find(rec.staging_path):
+            if not self._stale(rec.staging_path):
+                raise CsiError(grpc.StatusCode.ALREADY_EXISTS,
+                               f"volume {volume_id} is already staged at {rec.staging_path}")
+            self._clear_stale(volume_id, rec.staging_path)  # a dead one is not kept
         stale = False
         if mounts.find(staging):
             if self._stale(staging):
