@@ -143,8 +143,9 @@ class Container:
         raise NspawnError(f"no container init after {timeout}s; log:\n{self.log_text()}")
 
     def _wait_booted(self, timeout: float) -> None:
-        # systemctl fails ("Failed to connect to bus") until PID 1 has its socket up;
-        # from then on --wait blocks until the boot has finished
+        # until PID 1 has created /run/systemd/system and its socket, systemctl says
+        # "offline" or fails ("Failed to connect to bus"); then --wait blocks until the
+        # boot has finished
         deadline = time.monotonic() + timeout
         while True:
             r = self.run("systemctl", "is-system-running", "--wait", timeout=timeout,
@@ -152,7 +153,7 @@ class Container:
             state = r.stdout.strip()
             if state in ("running", "degraded"):
                 return
-            if state or time.monotonic() > deadline:
+            if state not in ("", "offline") or time.monotonic() > deadline:
                 raise NspawnError(f"container boot ended {state!r} ({r.stderr.strip()}); "
                                   f"log:\n{self.log_text()}")
             time.sleep(0.1)

@@ -37,8 +37,12 @@ def test_active_only_once_the_mount_answers(machine, mount_config, rgw, bucket):
     assert machine.run("cat", f"/mnt/{name}/dir/hello.txt").stdout == "hello from s3\n"
     shown = machine.run("systemctl", "show", unit).stdout
     assert rgw.secret_key not in shown and rgw.access_key not in shown
-    props = machine.show(unit, "ActiveState", "SubState", "StatusText", "Type")
+    props = machine.show(unit, "ActiveState", "SubState", "StatusText", "Type", "Before",
+                         "After", "Wants")
     assert props["ActiveState"] == "active" and props["SubState"] == "running"
+    assert "slurmd.service" in props["Before"].split()  # jobs start only after the mount
+    assert "network-online.target" in props["After"].split()
+    assert "network-online.target" in props["Wants"].split()
     assert props["Type"] == "notify"
     assert props["StatusText"] == f"mounted s3://{bucket}/ on /mnt/{name}"
     # the journal has its own time stamps: the lines carry none
