@@ -10,8 +10,6 @@ allow_other) cannot be set by a volume.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 
 from tierfs.config import MountConfig, build_config, parse_bool, parse_o_options
 from tierfs.errors import UsageError
@@ -51,10 +49,6 @@ class StageSpec:
             args.append("--read-only")
         # pods run as arbitrary uids; the bind mounts carry the daemon's allow_other
         return args + ["--allow-other"]
-
-    def digest(self) -> str:
-        blob = json.dumps([self.source, sorted(self.options.items()), self.read_only])
-        return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
 def stage_spec(context: dict[str, str], mount_flags: list[str], read_only: bool,

@@ -43,7 +43,7 @@ def _rpc(method):
         try:
             return method(self, request, context)
         except CsiError as exc:
-            log.info("%s %s -> %s: %s", name, fields, exc.code.name, exc.message)
+            log.warning("%s %s -> %s: %s", name, fields, exc.code.name, exc.message)
             context.abort(exc.code, exc.message)
         except TimeoutError as exc:  # a mount that does not answer: kubelet retries later
             message = f"{exc.filename}: {exc.strerror}"

@@ -108,8 +108,11 @@ class Volumes:
         self.records.save_stage(record)
         try:
             self._mount(record)
-        except CsiError:
-            self.records.drop_stage(volume_id)
+        except CsiError as exc:
+            # a mount that failed left nothing; one that timed out may still come up,
+            # and the kept record lets kubelet's retry adopt it
+            if exc.code != grpc.StatusCode.DEADLINE_EXCEEDED:
+                self.records.drop_stage(volume_id)
             raise
         if stale:
             self._rebind_stale_targets(volume_id)
