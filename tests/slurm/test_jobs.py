@@ -135,10 +135,15 @@ def test_a_job_declaring_data_on_two_mounts(rgw, bucket, slurm, mount, dataset, 
         assert epilog.startswith(f"tierfs-slurm epilog job={job_id} user=nobody unpinned 2 files")
 
 
-def test_a_job_whose_warm_fails_still_runs_and_the_node_stays_idle(slurm, mount, job_out):
+def test_a_job_whose_warm_fails_still_runs_and_the_node_stays_idle(slurm, mount, public_dir,
+                                                                   job_out):
     mnt = mount.mountpoint
+    secret = public_dir / "root-only.warm"  # the prolog is root; the job's user may not read it
+    secret.write_text(f"{mnt}/data/a.bin\n")
+    secret.chmod(0o600)
     job_id = slurm.sbatch("#!/bin/sh\necho the job ran\n", output=job_out / "job.out",
-                          comment=f"tierfs:warm={mnt}/no/such/file.bin,{mnt}/data/*.nomatch")
+                          comment=f"tierfs:warm={mnt}/no/such/file.bin,{mnt}/data/*.nomatch "
+                                  f"tierfs:manifest={secret}")
     info = slurm.wait_job(job_id)
     assert info["JobState"] == "COMPLETED", info
     assert (job_out / "job.out").read_text() == "the job ran\n"
@@ -146,9 +151,34 @@ def test_a_job_whose_warm_fails_still_runs_and_the_node_stays_idle(slurm, mount,
     assert slurm.node().get("Reason") is None
     [line] = hook_lines(slurm, job_id, "prolog")
     assert line.startswith(f"tierfs-slurm prolog job={job_id} user=nobody warm FAILED "
-                           f"(best-effort: the job starts): missing for nobody: "
-                           f"{mnt}/no/such/file.bin; "), line
+                           f"(best-effort: the job starts): cannot read manifest {secret} as "
+                           f"nobody: Permission denied; missing for nobody: "
+                           f"{mnt}/no/such/file.bin; data/*.nomatch: matches nothing "), line
     assert f"job:{job_id}" not in job_owners(mount)
+    assert gets_now(mount) == 0  # a/b.bin, named only in the root-only manifest, was not read
+
+
+def test_each_job_holds_its_own_pin_while_it_runs(slurm, mount, public_dir, job_out):
+    # two jobs at once on the node (2 CPUs) declare the same files; A runs until we let it go
+    mnt, flag = mount.mountpoint, public_dir / "let-a-finish"
+    comment = f"tierfs:warm={mnt}/data/sub"
+    wait_for_flag = f"#!/bin/sh\necho started\nwhile [ ! -e {flag} ]; do sleep 0.1; done\n"
+    a = slurm.sbatch(wait_for_flag, output=job_out / "a.out", comment=comment)
+    try:
+        deadline = time.monotonic() + 60
+        while not (job_out / "a.out").exists() or not (job_out / "a.out").read_text():
+            assert time.monotonic() < deadline, slurm.job(a)  # A's prolog is done once it prints
+            time.sleep(0.05)
+        b = slurm.sbatch("#!/bin/sh\ntrue\n", output=job_out / "b.out", comment=comment)
+        assert slurm.wait_job(b)["JobState"] == "COMPLETED"
+        assert slurm.job(a)["JobState"] == "RUNNING"
+        assert f"job:{a}" in job_owners(mount) and f"job:{b}" not in job_owners(mount)
+        assert hook_lines(slurm, b, "epilog")[0].startswith(
+            f"tierfs-slurm epilog job={b} user=nobody unpinned 2 files")
+    finally:
+        flag.touch()
+    assert slurm.wait_job(a)["JobState"] == "COMPLETED"
+    assert f"job:{a}" not in job_owners(mount)
 
 
 
