@@ -145,3 +145,26 @@ def test_secrets_stay_out_of_logs_argv_and_environment(plugin, kubelet, rgw, buc
     for log in logs:
         assert secret not in log.read_bytes(), log
         assert rgw.access_key.encode() not in log.read_bytes(), log
+
+
+def test_concurrent_calls_on_two_volumes_and_many_pods(plugin, kubelet, rgw, bucket):
+    # kubelet calls in parallel: per-volume locks keep each volume's calls in order
+    from concurrent.futures import ThreadPoolExecutor
+
+    files = put_dataset(rgw, bucket)
+    vols = [csikit.unique_volume() for _ in range(2)]
+    pods = [(v, f"pod-{i}-{v}") for v in vols for i in range(3)]
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda v: plugin.node.NodeStageVolume(kubelet.stage_request(v)), vols))
+        list(pool.map(lambda vp: plugin.node.NodePublishVolume(
+            kubelet.publish_request(vp[0], vp[1])), pods * 2))  # each twice: idempotent
+    for _, pod in pods:
+        assert read_in_other_namespace(f"{kubelet.target_path(pod)}/small.txt") == \
+            files["small.txt"]
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda vp: plugin.node.NodeUnpublishVolume(pb.NodeUnpublishVolumeRequest(
+            volume_id=vp[0], target_path=kubelet.target_path(vp[1]))), pods))
+        list(pool.map(lambda v: plugin.node.NodeUnstageVolume(pb.NodeUnstageVolumeRequest(
+            volume_id=v, staging_target_path=kubelet.staging_path(v))), vols))
+    for v in vols:
+        assert not csikit.is_mounted(kubelet.staging_path(v))

@@ -16,8 +16,9 @@ from csikit import Plugin, pb, put_dataset, read_in_other_namespace
 pytestmark = pytest.mark.mount
 
 
-def test_killed_plugin_leaves_pods_reading_and_the_next_one_adopts(
-        plugin, kubelet, rgw, bucket, csi_root):
+@pytest.mark.parametrize("end", ["kill9", "stop"])  # SIGKILL, or SIGTERM (its own shutdown)
+def test_ended_plugin_leaves_pods_reading_and_the_next_one_adopts(
+        plugin, kubelet, rgw, bucket, csi_root, end):
     files = put_dataset(rgw, bucket)
     vol = csikit.unique_volume()
     stage = kubelet.stage_request(vol)
@@ -27,7 +28,7 @@ def test_killed_plugin_leaves_pods_reading_and_the_next_one_adopts(
     target = kubelet.target_path("pod")
     daemon = csikit.daemon_pid(plugin.state_dir, vol)
 
-    plugin.kill9()
+    getattr(plugin, end)()
     for name, data in files.items():  # no plugin at all: the pod still reads
         assert read_in_other_namespace(f"{target}/{name}") == data, name
 
