@@ -261,6 +261,9 @@ class Slurm:
 def start_slurm(settings: str = "") -> Slurm:
     """Start a cluster in a new folder under /tmp; the caller must call stop(). `settings`:
     the text of the tierfs-slurm.toml the hooks read ({log} is replaced by the log path)."""
+    missing = [p for p in ("munged", "slurmctld", "slurmd", "sbatch") if not shutil.which(p)]
+    if missing:
+        raise SlurmError(f"not installed: {', '.join(missing)} (run scripts/install.sh)")
     s = Path(tempfile.mkdtemp(prefix="tierfs-slurm."))
     s.chmod(0o755)  # job users must reach S/munge-run/munge.sock
     cluster = Slurm(s, socket.gethostname().split(".")[0])
