@@ -7,6 +7,7 @@ run in their own sessions and keep serving the pods; the next plugin adopts them
 from __future__ import annotations
 
 import argparse
+import fcntl
 import logging
 import os
 import signal
@@ -92,6 +93,14 @@ def serve(args: argparse.Namespace, path: str) -> None:
 
     log = logging.getLogger("tierfs_csi")
     os.makedirs(args.state_dir, mode=0o700, exist_ok=True)
+    # one plugin per state dir: a second one (an upgrade's new pod while the old one is
+    # still stopping) waits instead of acting on the same volumes beside it
+    lock_fd = os.open(os.path.join(args.state_dir, "plugin.lock"), os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        log.warning("another tierfs-csi uses %s; waiting for it to exit", args.state_dir)
+        fcntl.flock(lock_fd, fcntl.LOCK_EX)
     volumes = Volumes(args.state_dir, mount_timeout=args.mount_timeout,
                       fs_timeout=args.fs_timeout)
     volumes.adopt_all()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 from csikit import DRIVER, Plugin, pb
@@ -73,3 +74,25 @@ def test_unusable_socket_dir_is_one_line(tmp_path):
     assert r.returncode == 1
     assert r.stderr.strip().splitlines()[-1].startswith("tierfs-csi: error: ")
     assert "Traceback" not in r.stderr
+
+
+def test_second_plugin_on_the_same_state_dir_waits_for_the_first(plugin, csi_root):
+    second = Plugin(csi_root)
+    second.socket = csi_root / "plugin2" / "csi.sock"
+    second.log_path = csi_root / "plugin2.log"
+    with open(second.log_path, "wb") as log:
+        proc = subprocess.Popen(second.argv, stdin=subprocess.DEVNULL, stdout=log,
+                                stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 30
+        while "waiting for it to exit" not in second.log_text():
+            assert proc.poll() is None and time.monotonic() < deadline, second.log_text()
+            time.sleep(0.05)
+        assert not second.socket.exists()  # not serving beside the first
+        plugin.stop()
+        while "serving on" not in second.log_text():
+            assert proc.poll() is None and time.monotonic() < deadline + 30, second.log_text()
+            time.sleep(0.05)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
