@@ -12,6 +12,7 @@ import errno
 import fcntl
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -132,8 +133,9 @@ class Volumes:
                            f"tierfs mount of {rec.source} on {rec.staging_path} did not "
                            f"answer within {self.mount_timeout:g}s") from None
         if r.returncode != 0:
-            raise CsiError(grpc.StatusCode.INTERNAL,
-                           f"tierfs mount {rec.source} failed: {_last_line(r.stderr)}")
+            message = _last_line(r.stderr)
+            raise CsiError(_mount_error_code(message),
+                           f"tierfs mount {rec.source} failed: {message}")
         log.info("staged volume %s: %s on %s (daemon pid %s, cache %s)", rec.volume_id,
                  rec.source, rec.staging_path, self.daemon_pid(rec.volume_id), cache)
 
@@ -273,6 +275,22 @@ def _rmdir(path: str) -> None:
     except OSError as exc:
         if exc.errno not in (errno.ENOTEMPTY, errno.ENOTDIR, errno.EBUSY):
             raise
+
+
+# tierfs's one-line start-up errors (tierfs/backend/s3.py) -> the code that tells kubelet
+# and the user what kind of problem it is; anything else is INTERNAL
+_MOUNT_ERRORS = [
+    (re.compile(r"^bucket '.*' does not exist"), grpc.StatusCode.NOT_FOUND),
+    (re.compile(r"access denied|no S3 credentials"), grpc.StatusCode.PERMISSION_DENIED),
+    (re.compile(r"endpoint unreachable"), grpc.StatusCode.UNAVAILABLE),
+]
+
+
+def _mount_error_code(message: str) -> grpc.StatusCode:
+    for pattern, code in _MOUNT_ERRORS:
+        if pattern.search(message):
+            return code
+    return grpc.StatusCode.INTERNAL
 
 
 def _last_line(text: str) -> str:

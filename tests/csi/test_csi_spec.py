@@ -12,6 +12,7 @@ from types import SimpleNamespace
 import grpc
 import pytest
 from csikit import Kubelet, Plugin, pb, put_dataset
+from mounting import free_port
 
 from rgw import delete_bucket
 
@@ -157,6 +158,16 @@ ROWS = [
      C.INVALID_ARGUMENT, "block"),
     ("stage/unknown secret key", lambda e: secret(e, "password"),
      C.INVALID_ARGUMENT, "'password'"),
+    # the bucket or endpoint is wrong: the code says which, tierfs's message says what
+    ("stage/bucket does not exist",
+     lambda e: stage(e, vol=fresh(e), bucket=f"missing-{uuid.uuid4().hex[:8]}"),
+     C.NOT_FOUND, "does not exist"),
+    ("stage/wrong secret", lambda e: _wrong_secret(stage(e, vol=fresh(e))),
+     C.PERMISSION_DENIED, "access denied"),
+    ("stage/endpoint unreachable",
+     lambda e: stage(e, vol=fresh(e), endpoint_url=f"http://127.0.0.1:{free_port()}",
+                     backend_retries="1"),
+     C.UNAVAILABLE, "unreachable"),
     # idempotency: the same call again is OK
     ("stage/again, same arguments", lambda e: stage(e), C.OK, None),
     ("publish/again, same arguments", lambda e: publish(e), C.OK, None),
@@ -184,6 +195,11 @@ ROWS = [
      C.NOT_FOUND, "not mounted"),
     ("stats/published target", lambda e: stats(e, e.k.target_path("pod")), C.OK, None),
 ]
+
+
+def _wrong_secret(call):
+    call[1].secrets["aws_secret_access_key"] = "value-must-not-show"
+    return call
 
 
 def _set(msg, **fields):
