@@ -33,7 +33,7 @@ import time
 import tomllib
 from dataclasses import dataclass, field
 
-from .config import parse_bool, parse_duration
+from .config import format_size, parse_bool, parse_duration, parse_size
 from .ctl import locate, tierfs_mounts  # where the mounts are; the protocol stays in ctl
 from .errors import UsageError
 
@@ -124,6 +124,7 @@ class Settings:
     strict: bool = False  # True: a failed warm exits 1 and Slurm drains the node
     pin_ttl: float | None = 7 * 86400.0  # pins end by themselves if an epilog never runs
     timeout: float = 300.0  # for the whole prolog; keep it under PrologEpilogTimeout
+    max_bytes: int = 0  # a job may warm and pin at most this much per node (0: no limit)
     log_file: str | None = "/var/log/tierfs/slurm.log"
     scontrol: str = "scontrol"
     source: str = field(default="defaults", compare=False)
@@ -149,7 +150,7 @@ def load_settings(path: str, must_exist: bool = False) -> Settings:
         return Settings()
     except (OSError, tomllib.TOMLDecodeError) as exc:
         raise UsageError(f"{path}: {exc}") from None
-    known = {"strict", "pin_ttl", "timeout", "log_file", "scontrol"}
+    known = {"strict", "pin_ttl", "timeout", "max_bytes", "log_file", "scontrol"}
     unknown = sorted(set(data) - known)
     if unknown:
         raise UsageError(f"{path}: unknown setting {unknown[0]!r} "
@@ -171,6 +172,8 @@ def _settings_from(data: dict, path: str) -> Settings:
         kw["timeout"] = parse_duration(data["timeout"], "timeout")
         if kw["timeout"] <= 0:
             raise UsageError("timeout must be more than 0")
+    if "max_bytes" in data:
+        kw["max_bytes"] = parse_size(data["max_bytes"], "max_bytes")
     for name in ("log_file", "scontrol"):
         if name in data:
             if not isinstance(data[name], str):
@@ -314,14 +317,18 @@ def _json_lines(stdout: str) -> list[dict]:
 _SUMMED = ("files", "bytes", "bytes_cached_before", "bytes_fetched", "error_count")
 
 
+def _summaries(stdout: str) -> list[dict]:
+    return [d for d in _json_lines(stdout) if d.get("event") == "summary"]  # one per mount
+
+
+def _added(stdout: str, key: str) -> int:
+    return sum(int(d.get(key) or 0) for d in _summaries(stdout))
+
+
 def _summary(stdout: str) -> str:
-    """The summaries of `tierfs warm --json` (one per mount) added up, as key=value words."""
-    summaries = [d for d in _json_lines(stdout) if d.get("event") == "summary"]
-    if not summaries:
-        return ""
-    words = [f"mounts={len(summaries)}"]
-    words += [f"{k}={sum(int(d.get(k) or 0) for d in summaries)}" for k in _SUMMED]
-    return " ".join(words)
+    """The summaries of `tierfs warm --json` added up, as key=value words."""
+    n = len(_summaries(stdout))
+    return " ".join([f"mounts={n}"] + [f"{k}={_added(stdout, k)}" for k in _SUMMED]) if n else ""
 
 
 # ----------------------------------------------------------------------------- the hooks
@@ -383,6 +390,30 @@ def _job_comment(job: Job, settings: Settings) -> str:
     return comment_from_scontrol(r.stdout)
 
 
+def _warm(settings: Settings, job: Job, paths: list[str], deadline: float) -> tuple[str, list[str]]:
+    """`tierfs warm` of the paths for the job: (summary words, problems)."""
+    with tempfile.NamedTemporaryFile("w", prefix="tierfs-slurm.", suffix=".warm") as f:
+        f.write("".join(f"{p}\n" for p in paths))  # mkstemp: 0600, only we read it
+        f.flush()
+        if settings.max_bytes:  # size the set first: nothing is fetched or pinned beyond it
+            rc, out, err = _tierfs(["warm", "--check", "--manifest", f.name, "--json"],
+                                   max(deadline - time.monotonic(), 0.001))
+            size = _added(out, "bytes")
+            if rc == 124:
+                return "", [f"timed out after {settings.timeout:g}s (the timeout setting) "
+                            "while sizing the set, nothing pinned"]
+            if size > settings.max_bytes:
+                return "", [f"the set is {format_size(size)}, more than max_bytes "
+                            f"({format_size(settings.max_bytes)}): nothing warmed"]
+        argv = ["warm", "--manifest", f.name, "--job", job.id, "--json"]
+        if settings.pin_ttl:
+            argv += ["--pin-ttl", f"{settings.pin_ttl:g}s"]
+        rc, out, err = _tierfs(argv, max(deadline - time.monotonic(), 0.001))
+    if rc == 124:  # the daemon drops a warm whose client went away: nothing is pinned
+        err = f"timed out after {settings.timeout:g}s (the timeout setting), nothing pinned"
+    return _summary(out), ([err or f"tierfs warm exited {rc}"] if rc != 0 else [])
+
+
 def prolog(settings: Settings, job: Job, log: Log) -> int:
     started = time.monotonic()  # `timeout` is for all of it, not only the warm
     try:
@@ -393,21 +424,9 @@ def prolog(settings: Settings, job: Job, log: Log) -> int:
         return 0  # the job asked for nothing: nothing to log either
     paths, problems = collect(job, declared)
     outcome = ""
-    rc = 0
     if paths:
-        with tempfile.NamedTemporaryFile("w", prefix="tierfs-slurm.", suffix=".warm") as f:
-            f.write("".join(f"{p}\n" for p in paths))  # mkstemp: 0600, only we read it
-            f.flush()
-            argv = ["warm", "--manifest", f.name, "--job", job.id, "--json"]
-            if settings.pin_ttl:
-                argv += ["--pin-ttl", f"{settings.pin_ttl:g}s"]
-            left = settings.timeout - (time.monotonic() - started)
-            rc, out, err = _tierfs(argv, max(left, 0.001))
-        outcome = _summary(out)
-        if rc == 124:  # the daemon drops a warm whose client went away: nothing is pinned
-            err = f"timed out after {settings.timeout:g}s (the timeout setting), nothing pinned"
-        if rc != 0:
-            problems.append(err or f"tierfs warm exited {rc}")
+        outcome, failed = _warm(settings, job, paths, deadline=started + settings.timeout)
+        problems += failed
     took = f"in {time.monotonic() - started:.1f}s"
     if problems:
         policy = "strict: failing the prolog" if settings.strict else "best-effort: the job starts"
@@ -478,7 +497,8 @@ def _check(args: argparse.Namespace) -> int:
     print(f"settings: {where}")
     ttl = "none" if settings.pin_ttl is None else f"{settings.pin_ttl:g}s"
     print(f"strict = {str(settings.strict).lower()}\npin_ttl = {ttl}\n"
-          f"timeout = {settings.timeout:g}s\nlog_file = {settings.log_file or '(stderr only)'}\n"
+          f"timeout = {settings.timeout:g}s\nmax_bytes = {settings.max_bytes or 'no limit'}\n"
+          f"log_file = {settings.log_file or '(stderr only)'}\n"
           f"scontrol = {settings.scontrol}")
     return 0
 

@@ -21,8 +21,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # `import slurmk
 from slurmkit import start_slurm  # noqa: E402
 
 SETTINGS = """\
-# tierfs-slurm.toml of the test cluster (docs/slurm.md)
-strict = false
+# tierfs-slurm.toml of the test cluster (docs/slurm.md); strict is left at its default
+# (false), so that a test may append `strict = true` (a TOML key may appear only once)
 pin_ttl = "1h"
 timeout = "90s"
 log_file = "{log}"

@@ -7,6 +7,7 @@ line already holds every GET of the data set (the prolog warmed it before), and 
 after the job has read everything (the reads came from the cache).
 """
 
+import contextlib
 import hashlib
 import json
 import os
@@ -234,18 +235,42 @@ def test_a_warm_over_its_timeout_is_killed_and_logged(slurm, mount, public_dir):
     assert run_hook(slurm, "epilog", "999999", TIERFS_SLURM_CONFIG=str(settings)).returncode == 0
 
 
+@contextlib.contextmanager
+def site_settings(slurm, more: str):
+    """The cluster's tierfs-slurm.toml with `more` lines appended (read by every hook run;
+    keys it already has cannot be given again)."""
+    before = slurm.settings.read_text()
+    slurm.settings.write_text(before + more)
+    try:
+        yield
+    finally:
+        slurm.settings.write_text(before)
+
+
+def test_a_set_over_max_bytes_is_not_warmed(slurm, mount, job_out):
+    with site_settings(slurm, 'max_bytes = "4M"\n'):
+        job_id = slurm.sbatch("#!/bin/sh\necho the job ran\n", output=job_out / "job.out",
+                              comment=f"tierfs:warm={mount.mountpoint}/data")
+        assert slurm.wait_job(job_id)["JobState"] == "COMPLETED"
+    assert (job_out / "job.out").read_text() == "the job ran\n"
+    [line] = hook_lines(slurm, job_id, "prolog")
+    assert line.startswith(f"tierfs-slurm prolog job={job_id} user=nobody warm FAILED "
+                           "(best-effort: the job starts): the set is 5.0 MiB, more than "
+                           "max_bytes (4.0 MiB): nothing warmed in "), line
+    assert gets_now(mount) == 0 and f"job:{job_id}" not in job_owners(mount)
+
+
 def test_strict_mode_fails_the_prolog_and_slurm_drains_the_node(slurm, mount, job_out):
     mnt = mount.mountpoint
-    relaxed = slurm.settings.read_text()
-    slurm.settings.write_text(relaxed.replace("strict = false", "strict = true"))
     job_id = None
     try:
-        job_id = slurm.sbatch("#!/bin/sh\necho the job ran\n", output=job_out / "job.out",
-                              comment=f"tierfs:warm={mnt}/no/such/file.bin")
-        deadline = time.monotonic() + 60
-        while slurm.node_state() not in ("drain", "drng"):
-            assert time.monotonic() < deadline, slurm.node()
-            time.sleep(0.1)
+        with site_settings(slurm, "strict = true\n"):
+            job_id = slurm.sbatch("#!/bin/sh\necho the job ran\n", output=job_out / "job.out",
+                                  comment=f"tierfs:warm={mnt}/no/such/file.bin")
+            deadline = time.monotonic() + 60
+            while slurm.node_state() not in ("drain", "drng"):
+                assert time.monotonic() < deadline, slurm.node()
+                time.sleep(0.1)
         assert slurm.node()["Reason"] == "Prolog"  # "Prolog error", cut at the space
         assert not (job_out / "job.out").exists()  # the job did not run here
         while (info := slurm.job(job_id))["JobState"] == "COMPLETING":  # its epilog
@@ -257,7 +282,6 @@ def test_strict_mode_fails_the_prolog_and_slurm_drains_the_node(slurm, mount, jo
         assert line.startswith(f"tierfs-slurm prolog job={job_id} user=nobody warm FAILED "
                                f"(strict: failing the prolog): missing for nobody: ")
     finally:
-        slurm.settings.write_text(relaxed)
         if job_id:
             slurm.run("scancel", job_id, check=False)
         slurm.run("scontrol", "update", f"nodename={slurm.host}", "state=resume", check=False)
