@@ -93,9 +93,11 @@ def test_comment_from_scontrol_none(text):
 
 def test_settings_file(tmp_path):
     p = tmp_path / "tierfs-slurm.toml"
-    p.write_text('strict = true\npin_ttl = "2h"\ntimeout = 45\nlog_file = ""\n')
+    p.write_text('strict = true\npin_ttl = "2h"\ntimeout = 45\nlog_file = ""\n'
+                 'max_bytes = "2T"\n')
     s = load_settings(str(p))
-    assert (s.strict, s.pin_ttl, s.timeout, s.log_file) == (True, 7200.0, 45.0, None)
+    assert (s.strict, s.pin_ttl, s.timeout, s.log_file, s.max_bytes) == \
+        (True, 7200.0, 45.0, None, 2 << 40)
     p.write_text('pin_ttl = "0"\n')
     assert load_settings(str(p)).pin_ttl is None
     assert load_settings(str(tmp_path / "missing.toml")).strict is False  # defaults
@@ -107,6 +109,7 @@ def test_settings_file(tmp_path):
     ("strict = \n", "tierfs-slurm.toml"),
     ("log_file = 3\n", "log_file must be a string"),
     ("timeout = 0\n", "timeout must be more than 0"),
+    ("max_bytes = \"lots\"\n", "invalid max_bytes 'lots'"),
 ])
 def test_bad_settings(tmp_path, text, error):
     p = tmp_path / "tierfs-slurm.toml"
