@@ -68,11 +68,11 @@ def parse_comment(comment: str) -> Declared:
     manifests: list[str] = []
     errors: list[str] = []
     for key, value in _TOKEN_RE.findall(comment or ""):
-        items = [v for v in value.split(",") if v] if key == "warm" else [value]
+        items = [v for v in value.split(",") if v] if key == "warm" else [value] if value else []
         if key not in ("warm", "manifest"):
             errors.append(f"unknown token tierfs:{key}= "
                           "(expected tierfs:warm= or tierfs:manifest=)")
-        elif not items or not all(items):
+        elif not items:
             errors.append(f"empty tierfs:{key}=")
         else:
             for item in items:

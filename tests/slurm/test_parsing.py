@@ -37,6 +37,7 @@ def test_no_tokens_declares_nothing(comment):
     ("tierfs:wram=/data", "unknown token tierfs:wram="),
     ("tierfs:warm=", "empty tierfs:warm="),
     ("tierfs:warm=,", "empty tierfs:warm="),
+    ("tierfs:manifest=", "empty tierfs:manifest="),
     ("tierfs:warm=data/x", "absolute paths, not 'data/x'"),
     ("tierfs:manifest=warm.txt", "absolute paths, not 'warm.txt'"),
 ])
