@@ -45,6 +45,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--fs-timeout", type=float, default=10.0,
                    help="seconds a mount may take to answer statfs before a call on it "
                         "fails UNAVAILABLE (default 10)")
+    p.add_argument("--systemd-scopes", action="store_true",
+                   help="start each tierfs daemon in a transient systemd scope of the host, "
+                        "so it outlives the plugin container (needs hostPID and the host's "
+                        "/run/systemd)")
     p.add_argument("--log-level", default="info",
                    choices=("debug", "info", "warning", "error"))
     return p
@@ -102,7 +106,7 @@ def serve(args: argparse.Namespace, path: str) -> None:
         log.warning("another tierfs-csi uses %s; waiting for it to exit", args.state_dir)
         fcntl.flock(lock_fd, fcntl.LOCK_EX)
     volumes = Volumes(args.state_dir, mount_timeout=args.mount_timeout,
-                      fs_timeout=args.fs_timeout)
+                      fs_timeout=args.fs_timeout, systemd_scopes=args.systemd_scopes)
     volumes.adopt_all()
 
     os.makedirs(os.path.dirname(path), exist_ok=True)

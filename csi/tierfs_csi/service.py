@@ -102,7 +102,7 @@ class Identity(pb_grpc.IdentityServicer):
 
     @_rpc
     def Probe(self, request, context):
-        problem = tierfs_problem(self.volumes.state_dir)
+        problem = tierfs_problem(self.volumes.state_dir, self.volumes.systemd_scopes)
         if problem != self._last_problem:  # Probe is polled: log changes only
             if problem:
                 log.warning("not ready: %s", problem)
@@ -112,7 +112,7 @@ class Identity(pb_grpc.IdentityServicer):
         return pb.ProbeResponse(ready=BoolValue(value=problem is None))
 
 
-def tierfs_problem(state_dir: str) -> str | None:
+def tierfs_problem(state_dir: str, systemd_scopes: bool = False) -> str | None:
     """Why tierfs cannot run on this node, or None."""
     try:
         if not stat.S_ISCHR(os.stat("/dev/fuse").st_mode):
@@ -125,6 +125,12 @@ def tierfs_problem(state_dir: str) -> str | None:
         return "the tierfs package is not installed"
     if not os.access(state_dir, os.W_OK | os.X_OK):
         return f"state dir {state_dir} is not writable"
+    if systemd_scopes:
+        if shutil.which("systemd-run") is None:
+            return "--systemd-scopes: systemd-run is not on PATH"
+        if not os.path.exists("/run/systemd/private"):
+            return ("--systemd-scopes: no systemd at /run/systemd/private (mount the "
+                    "host's /run/systemd into the plugin container)")
     return None
 
 

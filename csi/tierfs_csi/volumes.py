@@ -32,10 +32,11 @@ log = logging.getLogger("tierfs_csi")
 
 class Volumes:
     def __init__(self, state_dir: str, *, mount_timeout: float = 120.0,
-                 fs_timeout: float = 10.0):
+                 fs_timeout: float = 10.0, systemd_scopes: bool = False):
         self.records = Records(state_dir)
         self.state_dir = self.records.state_dir
         self.tierfs = [sys.executable, "-m", "tierfs"]
+        self.systemd_scopes = systemd_scopes
         self.mount_timeout = mount_timeout
         self.fs_timeout = fs_timeout  # how long a mount may take to answer a statfs
         self._locks: dict[str, threading.Lock] = {}
@@ -124,6 +125,13 @@ class Volumes:
         cred = self.records.credentials_file(rec.volume_id)
         cmd = [*self.tierfs, "mount", rec.source, rec.staging_path, "--cache-dir", cache,
                *rec.spec.mount_args()]
+        if self.systemd_scopes:
+            # the host's systemd moves the command (and the daemon it leaves behind) into
+            # a scope of its own: out of the plugin container's cgroup, which the container
+            # runtime kills whole when it stops the container. The command still runs here,
+            # in this container's namespaces and with this environment.
+            cmd = ["systemd-run", "--scope", "--quiet", "--collect",
+                   f"--description=tierfs-csi volume {rec.volume_id}", "--", *cmd]
         try:
             r = subprocess.run(cmd, env=daemon_env(cred if os.path.exists(cred) else None),
                                stdin=subprocess.DEVNULL, capture_output=True, text=True,
@@ -150,18 +158,21 @@ class Volumes:
             while self.daemon_pid(volume_id) is not None and time.monotonic() < deadline:
                 time.sleep(0.05)
 
-    def heal(self, volume_id: str) -> bool:
-        """Remount a recorded volume whose staging mount went stale. True if it is live."""
+    def heal(self, volume_id: str) -> str | None:
+        """Remount a recorded volume whose staging mount went stale.
+
+        Returns "live" (its daemon answers), "remounted", or None (not mounted)."""
         rec = self.records.stage(volume_id)
         if rec is None or not mounts.find(rec.staging_path):
-            return False
-        if self._stale(rec.staging_path):
-            log.warning("volume %s: stale staging mount %s, remounting", volume_id,
-                        rec.staging_path)
-            self._clear_stale(volume_id, rec.staging_path)
-            self._mount(rec)
-            self._rebind_stale_targets(volume_id)
-        return True
+            return None
+        if not self._stale(rec.staging_path):
+            return "live"
+        log.warning("volume %s: stale staging mount %s, remounting", volume_id,
+                    rec.staging_path)
+        self._clear_stale(volume_id, rec.staging_path)
+        self._mount(rec)
+        self._rebind_stale_targets(volume_id)
+        return "remounted"
 
     def _rebind_stale_targets(self, volume_id: str) -> None:
         """Replace the dead binds of a remounted volume with live ones, at the same paths.
@@ -247,9 +258,13 @@ class Volumes:
         for rec in self.records.all_stages():
             with self.lock(rec.volume_id):
                 try:
-                    if self.heal(rec.volume_id):
+                    state = self.heal(rec.volume_id)
+                    if state == "live":
                         log.info("adopted volume %s at %s (daemon pid %s)", rec.volume_id,
                                  rec.staging_path, self.daemon_pid(rec.volume_id))
+                    elif state == "remounted":
+                        log.info("remounted volume %s at %s: its daemon had died",
+                                 rec.volume_id, rec.staging_path)
                     else:
                         log.info("volume %s is recorded but not mounted at %s; it is "
                                  "mounted again by the next NodeStageVolume", rec.volume_id,

@@ -126,14 +126,15 @@ def wait_gone(pid: int, timeout: float = 60.0) -> bool:
 class Kubelet:
     """Paths and requests as kubelet makes them for one node."""
 
-    def __init__(self, root: Path, rgw, bucket: str | None):
+    def __init__(self, root: Path, rgw, bucket: str | None, shared_root: bool = True):
         self.root = root / "kubelet"
         self.root.mkdir(parents=True, exist_ok=True)
         # as on a node: kubelet's root is a shared mount, so mounts made under it reach
         # the pods' namespaces that are its slaves (mountPropagation HostToContainer)
         root_dir = str(self.root)
         for args in (["--bind", root_dir, root_dir], ["--make-rshared", root_dir]):
-            subprocess.run(["mount", *args], check=True, capture_output=True)
+            if shared_root:
+                subprocess.run(["mount", *args], check=True, capture_output=True)
         self.rgw = rgw
         self.bucket = bucket
         self.metrics_ports: dict[str, int] = {}

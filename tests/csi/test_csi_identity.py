@@ -96,3 +96,13 @@ def test_second_plugin_on_the_same_state_dir_waits_for_the_first(plugin, csi_roo
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+@pytest.mark.skipif(os.path.exists("/run/systemd/private"), reason="this host runs systemd")
+def test_probe_with_systemd_scopes_and_no_systemd_is_not_ready(csi_root):
+    p = Plugin(csi_root, extra_args=["--systemd-scopes"]).start()
+    try:
+        assert p.identity.Probe(pb.ProbeRequest()).ready.value is False
+    finally:
+        p.stop()
+    assert "not ready: --systemd-scopes: no systemd at /run/systemd/private" in p.log_text()

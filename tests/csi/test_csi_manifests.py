@@ -58,6 +58,10 @@ def test_daemonset_has_what_the_plugin_needs():
     assert volumes["kubelet-dir"]["hostPath"]["path"] == "/var/lib/kubelet"
     assert volumes["fuse-device"]["hostPath"]["type"] == "CharDevice"
     assert pod["hostPID"] is True and pod["hostNetwork"] is True
+    # daemons in systemd scopes of the host: its systemd's socket and the same PIDs
+    assert "--systemd-scopes" in plugin["args"]
+    assert mounts["run-systemd"]["mountPath"] == "/run/systemd"
+    assert volumes["run-systemd"]["hostPath"]["path"] == "/run/systemd"
 
     # the cache is a hostPath, and the plugin is told to keep its volumes there
     assert volumes["cache-dir"]["hostPath"]["path"] == mounts["cache-dir"]["mountPath"]
