@@ -78,13 +78,25 @@ def locate(path: str, mounts: list[TierfsMount]) -> tuple[TierfsMount, str]:
     return best, os.path.relpath(full, best.mountpoint) if full != best.mountpoint else ""
 
 
-def group_by_mount(paths: list[str]) -> dict[TierfsMount, list[str]]:
+def group_by_mount(paths: list[str]) -> tuple[dict[TierfsMount, list[str]], int]:
+    """(paths grouped by the mount they are under, exit status so far). A path outside
+    every mount is reported (`tierfs: error: ...`, status 1) and the others still done."""
     mounts = tierfs_mounts()
     groups: dict[TierfsMount, list[str]] = {}
+    outside = []
     for p in paths:
-        m, rel = locate(p, mounts)
+        try:
+            m, rel = locate(p, mounts)
+        except UsageError as exc:
+            outside.append(str(exc))
+            continue
         groups.setdefault(m, []).append(rel)
-    return groups
+    if outside and not groups:
+        raise UsageError(outside[0] if len(outside) == 1 else
+                         f"none of the {len(outside)} paths is under a tierfs mount")
+    for why in outside:
+        sys.stderr.write(f"tierfs: error: {why}\n")
+    return groups, 1 if outside else 0
 
 
 def read_manifest(path: str) -> list[str]:
@@ -259,8 +271,8 @@ def _warm(args: argparse.Namespace) -> int:
         fields["pin_ttl"] = parse_duration(args.pin_ttl, "pin-ttl")
     if args.concurrency is not None:
         fields["concurrency"] = args.concurrency
-    status = 0
-    for mount, rels in group_by_mount(paths).items():
+    groups, status = group_by_mount(paths)
+    for mount, rels in groups.items():
         bar = ProgressBar() if not args.json else None
 
         def on_event(ev: dict, bar: ProgressBar | None = bar, mount: TierfsMount = mount) -> None:
@@ -309,8 +321,8 @@ def _warm_summary(mount: TierfsMount, r: dict, check: bool) -> str:
 
 
 def _evict(args: argparse.Namespace) -> int:
-    status = 0
-    for mount, rels in group_by_mount(args.paths).items():
+    groups, status = group_by_mount(args.paths)
+    for mount, rels in groups.items():
         res = request(mount, "evict", paths=rels)
         if args.json:
             _emit_json({"mountpoint": mount.mountpoint, **res})
@@ -329,12 +341,13 @@ def _unpin(args: argparse.Namespace) -> int:
         raise UsageError("give PATHs, or --job ID, or --all, not several")
     if not args.paths and not args.job and not args.all:
         raise UsageError("give PATHs to unpin, --job ID or --all")
+    status = 0
     if args.paths:
-        targets = [(m, {"paths": rels}) for m, rels in group_by_mount(args.paths).items()]
+        groups, status = group_by_mount(args.paths)
+        targets = [(m, {"paths": rels}) for m, rels in groups.items()]
     else:  # a job's pins, or all pins, on every tierfs mount of this node
         fields = {"job": args.job} if args.job else {"all": True}
         targets = [(m, fields) for m in tierfs_mounts()]
-    status = 0
     for mount, fields in targets:
         try:
             res = request(mount, "unpin", **fields)

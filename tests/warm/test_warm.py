@@ -215,6 +215,11 @@ def test_bad_input_gets_one_line_and_nonzero_exit(rgw, bucket, tmp_path, tierfs)
             "tierfs: error: missing.bin: no such file or directory",
             "tierfs: error: nope/*: matches nothing"]
         assert "5 files" in r.out
+        # a path outside every mount is one error; the rest is still warmed
+        r = tierfs("warm", m.path / "ckpt/run42", tmp_path / "elsewhere")
+        assert r.rc == 1 and "2 files" in r.out, r.out + r.err
+        assert r.err.strip().splitlines() == [
+            f"tierfs: error: {tmp_path / 'elsewhere'} is not under a tierfs mount"]
         for args, msg in [
             (("warm", tmp_path), "is not under a tierfs mount"),
             (("warm", "--manifest", tmp_path / "none.txt"), "cannot read manifest"),
