@@ -99,7 +99,8 @@ def serve(args: argparse.Namespace, path: str) -> None:
     os.makedirs(args.state_dir, mode=0o700, exist_ok=True)
     # one plugin per state dir: a second one (an upgrade's new pod while the old one is
     # still stopping) waits instead of acting on the same volumes beside it
-    lock_fd = os.open(os.path.join(args.state_dir, "plugin.lock"), os.O_RDWR | os.O_CREAT, 0o600)
+    lock_path = os.path.join(args.state_dir, "plugin.lock")
+    lock_fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)  # held for life
     try:
         fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
