@@ -21,6 +21,7 @@ import logging
 import math
 import os
 import socket
+import stat
 import struct
 import time
 from typing import Any, Callable
@@ -28,7 +29,7 @@ from typing import Any, Callable
 import trio
 
 from .cache import ChunkCache
-from .errors import TierfsError, UsageError
+from .errors import StartupError, TierfsError, UsageError
 from .metrics import Metrics
 from .warm import Warmer
 
@@ -54,9 +55,6 @@ class ControlServer:
     async def serve(self, task_status: trio.TaskStatus = trio.TASK_STATUS_IGNORED) -> None:
         """Listen (started with nursery.start: the socket exists before the mount is
         announced ready, so `tierfs mount && tierfs warm` works) until cancelled."""
-        run_dir = os.path.dirname(self.path)
-        os.makedirs(run_dir, mode=0o700, exist_ok=True)
-        os.chmod(run_dir, 0o700)
         try:
             os.unlink(self.path)  # left by a daemon that died; the mount point was free
         except FileNotFoundError:
@@ -205,6 +203,23 @@ class ControlServer:
 
 _OPS = {"status": ControlServer.status, "warm": ControlServer.warm,
         "evict": ControlServer.evict, "unpin": ControlServer.unpin}
+
+
+def prepare_socket_dir(path: str) -> None:
+    """Make the socket's directory ours and private; before the mount exists, so a
+    problem is one start-up error. A directory someone else owns (a /tmp fallback
+    another user created first) is refused, never used."""
+    run_dir = os.path.dirname(path)
+    try:
+        os.makedirs(run_dir, mode=0o700, exist_ok=True)
+        st = os.lstat(run_dir)
+        if st.st_uid != os.getuid() or not stat.S_ISDIR(st.st_mode):
+            raise StartupError(f"{run_dir} (for the control socket) belongs to uid "
+                               f"{st.st_uid}, not to this user: remove it")
+        os.chmod(run_dir, 0o700)
+    except OSError as exc:
+        raise StartupError(f"cannot create {run_dir} for the control socket: "
+                           f"{exc.strerror}") from None
 
 
 async def _read_request(stream: trio.SocketStream) -> dict:

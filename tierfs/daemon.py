@@ -28,7 +28,7 @@ from .cache.disk import DiskTier
 from .cache.evictor import Evictor
 from .cache.memory import MemoryTier
 from .config import MountConfig
-from .control import ControlServer
+from .control import ControlServer, prepare_socket_dir
 from .errors import BackendError, StartupError
 from .fetch import Fetcher
 from .fileio import FileIO
@@ -122,6 +122,7 @@ async def serve(cfg: MountConfig, on_ready: Callable[[], None]) -> None:
     check_mountpoint(cfg.mountpoint)
     cache_dir = cfg.effective_cache_dir
     lock_fd = lock_cache_dir(cache_dir)
+    prepare_socket_dir(control_socket(cfg.mountpoint))
     metrics = Metrics()
     backend = AsyncBackend(open_backend(cfg), metrics, concurrency=cfg.backend_concurrency,
                            background=cfg.readahead_chunks, warm=cfg.warm_concurrency)
