@@ -44,7 +44,7 @@ LARGE_SEED, FG_SEED, BULK_SEED, SMALL_SEED = 700, 800, 900, 10_000
 DEFAULT_WARM_CONCURRENCY = 16  # tierfs's -o warm_concurrency default (config.py)
 UPLOAD_THREADS = 32
 READ_BS = MiB  # the foreground reader's read size (see README: why 1 MiB)
-PAUSE_S = 0.3  # row 3's pausing reader: longer than the warm lane's WARM_QUIET_S (0.2 s)
+PAUSE_S = 0.3  # row 3's pausing reader: shorter than the warm lane's WARM_QUIET_S (2 s)
 PAUSED_READS = 32  # ...and how many reads it makes (the first of row 3's offsets)
 BULK_SRC = "bulk/src.bin"  # row 3's warm set: this object and server-side copies of it
 
@@ -728,7 +728,7 @@ class WarmBench(run.Bench):
                      note=f"tierfs_warm_bytes over the {t2 - t1:.1f} s of reads vs "
                           f"{(t1 - t0) + (t3 - t2):.1f} s of warm alone (windows of "
                           f"{p.alone_s:.1f} s before and after the reads); the warm lane "
-                          f"narrows to {max(1, p.concurrency // 4)} of {p.concurrency} threads "
+                          f"narrows to 1 of {p.concurrency} threads "
                           "while a foreground request is in flight; backend requests during "
                           f"the reads (the warm's and the reader's) {r['req']}; the warm was "
                           "stopped (Ctrl-C) after the second window",
@@ -743,13 +743,13 @@ class WarmBench(run.Bench):
         self.latency_rows(
             f"(info) {len(paused_ms)} of the reads, {PAUSE_S} s pause before each, warm running",
             paused_ms, "no warm", alone_ms, key="paused_ms",
-            note="a reader that computes between reads: the warm lane widens back to "
-                 f"{p.concurrency} once no foreground request has been in flight for 0.2 s "
-                 "(backend/runner.py WARM_QUIET_S), so each read arrives with a full-width "
-                 "warm in flight; compared with the reads alone (no pause: a cold read alone "
-                 f"does not depend on it); backend requests during the reads {r['req']}")
+            note="a reader that computes between reads: the warm lane stays narrowed to one "
+                 "GET for 2 s after the last foreground request (backend/runner.py "
+                 "WARM_QUIET_S), so pauses shorter than that keep the warm narrow; compared "
+                 "with the reads alone (no pause: a cold read alone does not depend on it); "
+                 f"backend requests during the reads {r['req']}")
 
-        lt = max(1, p.concurrency // 4)
+        lt = 1
         log(f"row 3: (info) the same reads on a fresh mount while another process GETs bulk/ "
             f"with {lt} boto3 threads (the warm lane's narrowed width)")
         c = self.fg_mount("fg-load")

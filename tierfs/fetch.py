@@ -21,6 +21,7 @@ class _Flight:
         self.done = trio.Event()  # the GET ended (data is set if it succeeded)
         self.stored = trio.Event()  # ...and the disk tier has the chunk (or will not)
         self.data: bytes | None = None
+        self.joined = 0  # readers' first accesses that joined this flight: heat for the fill
 
 
 class Fetcher:
@@ -60,12 +61,19 @@ class Fetcher:
             flight.done.set()
         return flight, data
 
-    async def chunk(self, obj: ObjectVersion, index: int, *, background: bool = False) -> bytes:
+    async def chunk(self, obj: ObjectVersion, index: int, *, background: bool = False,
+                    access: bool = False) -> bytes:
+        """A chunk's bytes, fetched once however many callers want them. `access`: this is a
+        reader's first access of the chunk (its heat); the caller that fetches gets that
+        from the fill, a caller that joins another's flight adds one when the fill lands."""
         ckey = obj.chunk_key(index)
         while True:
             flight = self._flights.get(ckey)
             if flight is None:
                 break
+            if access:
+                flight.joined += 1
+                access = False
             await flight.done.wait()
             if flight.data is not None:
                 return flight.data
@@ -89,6 +97,9 @@ class Fetcher:
             self._disk_writes.release()
 
     def _settle(self, ckey: bytes, flight: _Flight) -> None:
+        """The flight is over: joiners' accesses go to the stored chunk, waiters wake."""
+        for _ in range(flight.joined):
+            self.cache.touch(ckey)
         if self._flights.get(ckey) is flight:
             del self._flights[ckey]
         flight.stored.set()

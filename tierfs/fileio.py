@@ -172,7 +172,7 @@ class FileIO:
                 skip = first * bs
                 pieces.append(data[lo - skip:hi - skip])
             else:
-                data = await self.fetcher.chunk(obj, index)
+                data = await self.fetcher.chunk(obj, index, access=first_access)
                 source = "backend"
                 pieces.append(data[lo:hi])
             h.touched.add(index)

@@ -16,5 +16,6 @@ def open_backend(cfg: MountConfig) -> Backend:
     from .s3 import S3Backend
 
     return S3Backend(cfg.source.bucket, endpoint_url=cfg.endpoint_url, region=cfg.region,
-                     max_connections=cfg.backend_concurrency + 4,
+                     # every thread of both lanes (readers, warm) may hold a connection
+                     max_connections=cfg.backend_concurrency + cfg.warm_concurrency + 4,
                      timeout_s=cfg.backend_timeout, max_attempts=cfg.backend_retries)

@@ -6,9 +6,11 @@ Three lanes give foreground reads priority:
 - read-ahead may hold at most `background` of the `concurrency` threads, so a reader
   never waits behind more than that;
 - warm (`tierfs warm`) has `warm` threads of its own, so it never takes a reader's slot,
-  and narrows to a quarter of them while any other request is in flight (and for
-  WARM_QUIET_S after): a job reading cold data while a warm runs is not starved of
-  bandwidth by it.
+  and narrows to one request at a time while any other request is in flight and for
+  WARM_QUIET_S after (a reader that computes between reads is still a reader): a job
+  reading cold data while a warm runs shares the object store with one warm GET, not
+  sixteen. GETs already running are not interrupted, so the first read of a burst may
+  still meet a full-width warm; the narrowing holds from then on.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from .base import Backend, ListPage, ObjectMeta
 
 T = TypeVar("T")
 
-WARM_QUIET_S = 0.2
+WARM_QUIET_S = 2.0
 
 
 class AsyncBackend:
@@ -52,7 +54,7 @@ class AsyncBackend:
                 finally:
                     self._maybe_widen_warm()
             self._busy += 1
-            self.warm.total_tokens = max(1, self._warm_width // 4)
+            self.warm.total_tokens = 1
             try:
                 if background:
                     async with self.background:
