@@ -95,3 +95,7 @@ class StaleObject(TierfsError):
 
 class CacheCorrupt(TierfsError):
     """A disk-tier chunk failed its checksum or is missing; the caller refetches it."""
+
+
+class CacheUnwritable(TierfsError):
+    """The disk tier cannot take a chunk (cache disk full or failing): `tierfs warm` says so."""

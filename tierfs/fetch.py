@@ -13,7 +13,7 @@ import trio
 
 from .backend.runner import AsyncBackend
 from .cache import ChunkCache, ObjectVersion
-from .errors import PreconditionFailed
+from .errors import CacheUnwritable, PreconditionFailed
 
 
 class _Flight:
@@ -41,14 +41,14 @@ class Fetcher:
     def in_flight(self, ckey: bytes) -> bool:
         return ckey in self._flights
 
-    async def _get(self, obj: ObjectVersion, index: int, ckey: bytes, *, background: bool,
-                   warm: bool) -> tuple[_Flight, bytes]:
+    async def _get(self, obj: ObjectVersion, index: int, ckey: bytes, *,
+                   background: bool) -> tuple[_Flight, bytes]:
         """Start a flight and GET the chunk; on failure the flight is gone and settled."""
         flight = self._flights[ckey] = _Flight()
         try:
             data = await self.backend.get(obj.key, index * self.chunk_size,
                                           self.chunk_length(obj, index), obj.etag,
-                                          background=background, warm=warm)
+                                          background=background)
             if len(data) != self.chunk_length(obj, index):
                 # a shorter or longer body than the listed size: the object changed
                 raise PreconditionFailed(f"get {obj.key!r}: size differs from the listing")
@@ -77,7 +77,12 @@ class Fetcher:
             await flight.done.wait()
             if flight.data is not None:
                 return flight.data
-        flight, data = await self._get(obj, index, ckey, background=background, warm=False)
+            if self.cache.has(ckey):  # stored by a warm, which keeps no bytes in memory
+                last = self.cache.blocks_of(self.chunk_length(obj, index)) - 1
+                hit = await self.cache.read(ckey, 0, last, touch=False)
+                if hit is not None:
+                    return hit[0]
+        flight, data = await self._get(obj, index, ckey, background=background)
         self.cache.remember(ckey, data)
         # the flight (holding the bytes) stays until the disk tier has the chunk: with a
         # small or no memory tier, a reader arriving meanwhile must not fetch it again
@@ -107,10 +112,12 @@ class Fetcher:
     async def warm(self, obj: ObjectVersion, index: int) -> tuple[int, bool]:
         """Bring a chunk to the disk tier for `tierfs warm`: (bytes fetched, cached now).
 
-        Runs on the warm lane and skips the memory tier (a warm of a large set must not
-        push out what readers use); the fill is awaited here, so the warm's own
-        concurrency bounds the bytes in flight. A chunk another request is fetching is
-        waited for, not fetched twice.
+        On the backend's warm lane, with the GET's body read straight into the disk tier's
+        write buffer in the same worker thread, and no memory tier (a warm of a large set
+        must not push out what readers use). The fill is awaited here, so the warm's own
+        width bounds its bytes in flight. A chunk another request is fetching is waited
+        for, not fetched twice; a reader that asks for a chunk being warmed waits for it
+        and reads it from disk.
         """
         ckey = obj.chunk_key(index)
         while not self.cache.has(ckey):
@@ -122,12 +129,29 @@ class Fetcher:
                 return 0, self.cache.has(ckey)
         else:
             return 0, True
-        flight, data = await self._get(obj, index, ckey, background=False, warm=True)
+        length = self.chunk_length(obj, index)
+        start = index * self.chunk_size
+        sync = self.backend.sync
+
+        def fill(view: memoryview) -> None:  # in the worker thread
+            if sync.get_into(obj.key, start, view, obj.etag) != length:
+                raise PreconditionFailed(f"get {obj.key!r}: size differs from the listing")
+
+        flight = self._flights[ckey] = _Flight()
         try:
-            await self.cache.fill(obj, ckey, data)
+            async with self.cache.filling(obj, ckey, length) as stored:
+                if stored is None:
+                    return 0, self.cache.has(ckey)
+                try:
+                    crcs = await self.backend.warm_get(
+                        lambda: self.cache.disk.write_via(ckey, length, fill), length)
+                except OSError as exc:
+                    raise CacheUnwritable(f"cannot write to the cache dir: {exc}") from None
+                stored(crcs)
         finally:
+            flight.done.set()
             self._settle(ckey, flight)
-        return len(data), self.cache.has(ckey)
+        return length, True
 
     async def read_through(self, obj: ObjectVersion, index: int) -> bytes | memoryview:
         """A whole chunk, from the cache if it has it, else from the backend."""

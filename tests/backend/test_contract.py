@@ -81,6 +81,18 @@ def test_get_with_a_stale_etag_is_precondition_failed(store):
     assert store.backend.get("obj", 0, 7, new) == b"version"
 
 
+def test_get_into_a_buffer(store):
+    data = os.urandom(5000)
+    etag = store.backend.put("obj", data).etag
+    buf = bytearray(b"\xff" * 3000)
+    assert store.backend.get_into("obj", 1000, memoryview(buf)[:2000], etag) == 2000
+    assert buf[:2000] == data[1000:3000] and buf[2000:] == b"\xff" * 1000
+    assert store.backend.get_into("obj", 4500, memoryview(buf), None) == 500  # the tail
+    assert buf[:500] == data[4500:]
+    with pytest.raises(PreconditionFailed):
+        store.backend.get_into("obj", 0, memoryview(buf), store.backend.put("obj", b"x").etag + "0")
+
+
 def test_same_bytes_rewritten_still_reads_under_its_etag(store):
     store.backend.put("obj", b"same")
     etag = store.backend.put("obj", b"same").etag

@@ -270,3 +270,37 @@ def test_control_socket_is_private_and_speaks_a_versioned_protocol(rgw, bucket, 
             except BaseException:
                 os._exit(3)
         assert os.waitpid(pid, 0)[1] == 0
+
+
+def test_reads_during_a_warm_get_exact_bytes_and_no_chunk_is_fetched_twice(rgw, bucket,
+                                                                           tmp_path):
+    import threading
+
+    objects = {f"mix/{i}.bin": payload(f"m{i}", 2 * MiB + 4321 * i) for i in range(6)}
+    put_many(rgw.client(), bucket, objects)
+    chunks = sum(-(-len(v) // (64 << 10)) for v in objects.values())
+    args = ["--chunk-size", "64K", "--memory-cache-size", "0"]
+    with Mount(rgw, f"s3://{bucket}", tmp_path / "mnt", tmp_path / "cache", args) as m:
+        warm = subprocess.Popen([sys.executable, "-m", "tierfs", "warm", m.path / "mix",
+                                 "--concurrency", "4"], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+        errors: list[str] = []
+
+        def reader(keys: list[str]) -> None:
+            for key in keys:
+                if read_uncached(m.path / key) != objects[key]:
+                    errors.append(key)
+
+        keys = list(objects)
+        threads = [threading.Thread(target=reader, args=(keys[i::2][::-1],)) for i in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        out, err = warm.communicate(timeout=120)
+        assert warm.returncode == 0, err
+        assert errors == []
+        assert gets(m) == chunks  # readers and the warm shared every fetch
+        for key, data in objects.items():  # and what is cached is right
+            assert read_uncached(m.path / key) == data
+        assert gets(m) == chunks

@@ -45,6 +45,10 @@ class Backend(Protocol):
         With etag set, raises PreconditionFailed if the object's ETag differs.
         """
 
+    def get_into(self, key: str, start: int, buf: memoryview, etag: str | None) -> int:
+        """Like get of len(buf) bytes, read into buf; returns how many (fewer only at the
+        end of the object). For callers that have a buffer the bytes belong in already."""
+
     def put(self, key: str, data: bytes, metadata: dict[str, str] | None = None) -> ObjectMeta: ...
 
     def copy(self, src: str, dst: str, src_etag: str | None,

@@ -86,11 +86,19 @@ class AsyncBackend:
         return await self._call("head", functools.partial(self.sync.head, key), False)
 
     async def get(self, key: str, start: int, length: int, etag: str | None, *,
-                  background: bool = False, warm: bool = False) -> bytes:
+                  background: bool = False) -> bytes:
         fn = functools.partial(self.sync.get, key, start, length, etag)
-        data = await self._call("get", fn, background, warm)
+        data = await self._call("get", fn, background)
         self.metrics.backend_bytes.inc(len(data))
         return data
+
+    async def warm_get(self, fn: Callable[[], T], nbytes: int) -> T:
+        """A GET on the warm lane, made inside fn (with self.sync.get_into), so that the
+        same worker thread can put the body where it goes: one thread hop, no copy. (Its
+        latency in tierfs_backend_request_seconds then includes that disk write.)"""
+        result = await self._call("get", fn, False, warm=True)
+        self.metrics.backend_bytes.inc(nbytes)
+        return result
 
     # writes run at foreground priority: a flush or fsync has a caller waiting on it
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import time
+from typing import Callable
 
 import boto3
 import botocore.exceptions as bex
@@ -106,20 +107,44 @@ class S3Backend:
                           r.get("Metadata") or {})
 
     def get(self, key: str, start: int, length: int, etag: str | None) -> bytes:
+        out: list = []
+
+        def into(r: dict) -> int:
+            out.append(_read_body(r["Body"], r.get("ContentLength")))
+            return len(out[0])
+
+        self._get(key, start, length, etag, into)
+        return out[0]
+
+    def get_into(self, key: str, start: int, buf: memoryview, etag: str | None) -> int:
+        def into(r: dict) -> int:
+            n = r.get("ContentLength")
+            if n is None or n > len(buf):
+                raise BackendError(f"get {key!r} at {start}: server sent {n} bytes, "
+                                   f"asked for {len(buf)}")
+            _read_body_into(r["Body"], buf[:n])
+            return n
+
+        return self._get(key, start, len(buf), etag, into)
+
+    def _get(self, key: str, start: int, length: int, etag: str | None,
+             read: Callable[[dict], int]) -> int:
         kw: dict = {"Bucket": self.bucket, "Key": key, "Range": f"bytes={start}-{start + length - 1}"}
         if etag:
             kw["IfMatch"] = f'"{etag}"'
         try:
             r = self._s3.get_object(**kw)
-            data = _read_body(r["Body"], r.get("ContentLength"))
+            n = read(r)
+        except BackendError:
+            raise
         except Exception as exc:  # noqa: BLE001
             raise self._error(exc, f"get {key!r} at {start}") from None
         if etag and _etag(r.get("ETag", f'"{etag}"')) != etag:
             raise PreconditionFailed(f"get {key!r}: object changed (ETag mismatch)")
-        if len(data) > length:
-            raise BackendError(f"get {key!r} at {start}: server sent {len(data)} bytes, "
+        if n > length:
+            raise BackendError(f"get {key!r} at {start}: server sent {n} bytes, "
                                f"asked for {length}")
-        return data
+        return n
 
     def put(self, key: str, data: bytes, metadata: dict[str, str] | None = None) -> ObjectMeta:
         try:
@@ -217,12 +242,15 @@ def _read_body(body, length: int | None) -> bytes | bytearray:  # noqa: ANN001 -
     if length is None:
         return body.read()
     buf = bytearray(length)
-    view = memoryview(buf)
-    got = 0
-    raw = body._raw_stream  # urllib3 response: readinto fills our buffer without copies
+    _read_body_into(body, memoryview(buf))
+    return buf
+
+
+def _read_body_into(body, view: memoryview) -> None:  # noqa: ANN001 - StreamingBody
+    got, length = 0, len(view)
+    raw = body._raw_stream  # urllib3 response: readinto, no list of pieces to join
     while got < length:
         n = raw.readinto(view[got:])
         if not n:
             raise BackendError(f"connection closed after {got} of {length} bytes")
         got += n
-    return buf

@@ -14,7 +14,8 @@ from __future__ import annotations
 import logging
 import os
 import time
-from typing import Callable, Container, Iterable
+from contextlib import asynccontextmanager
+from typing import AsyncIterator, Callable, Container, Iterable
 
 import trio
 
@@ -150,29 +151,47 @@ class ChunkCache:
 
     async def fill(self, obj: ObjectVersion, ckey: bytes, data: bytes) -> None:
         """Write a freshly fetched chunk to the disk tier (the reader already has the bytes)."""
+        async with self.filling(obj, ckey, len(data)) as stored:
+            if stored is None:
+                return
+            try:
+                stored(await trio.to_thread.run_sync(self.disk.write, ckey, data))
+            except OSError as exc:
+                # a full or failing cache disk must not fail the read: serve from memory only
+                log.warning("cannot write chunk to the cache dir: %s", exc)
+
+    @asynccontextmanager
+    async def filling(self, obj: ObjectVersion, ckey: bytes,
+                      length: int) -> AsyncIterator[Callable[[tuple[int, ...]], None] | None]:
+        """Room and bookkeeping for writing one chunk to the disk tier.
+
+        Yields None when the chunk is there already, being written, or does not fit;
+        else a function to call with the chunk's CRCs once its file is written, which
+        indexes it. Room is made and reserved before the caller's write (concurrent fills
+        see each other); the reservation ends with the block.
+        """
         if ckey in self._index or ckey in self._writing:
+            yield None
             return
         self._writing.add(ckey)
         reserved = 0
         try:
-            if not await self._make_room(len(data)):
+            if not await self._make_room(length):
+                yield None
                 return
-            # counted before the write's await, so concurrent fills see each other
-            reserved = len(data)
+            reserved = length
             self._reserved += reserved
-            crcs = await trio.to_thread.run_sync(self.disk.write, ckey, data)
-            now = self._clock()
-            rec = ChunkRecord(len(data), 1.0, now, crcs)
-            self._index[ckey] = rec
-            self._used += rec.length
-            self._pending_puts[ckey] = rec
-            self._pending_deletes.discard(ckey)
-            oid = ckey[:16]
-            self._pending_objects.setdefault(
-                oid, {"bucket": obj.bucket, "key": obj.key, "etag": obj.etag, "size": obj.size})
-        except OSError as exc:
-            # a full or failing cache disk must not fail the read: serve from memory only
-            log.warning("cannot write chunk to the cache dir: %s", exc)
+
+            def stored(crcs: tuple[int, ...]) -> None:
+                rec = ChunkRecord(length, 1.0, self._clock(), crcs)
+                self._index[ckey] = rec
+                self._used += rec.length
+                self._pending_puts[ckey] = rec
+                self._pending_deletes.discard(ckey)
+                self._pending_objects.setdefault(ckey[:16], {
+                    "bucket": obj.bucket, "key": obj.key, "etag": obj.etag, "size": obj.size})
+
+            yield stored
         finally:
             self._reserved -= reserved
             self._writing.discard(ckey)

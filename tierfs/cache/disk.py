@@ -13,6 +13,7 @@ import mmap
 import os
 import queue
 import zlib
+from typing import Callable
 
 from ..errors import CacheCorrupt
 from .keys import chunk_name
@@ -43,50 +44,64 @@ class DiskTier:
         return tuple(zlib.crc32(view[i:i + bs]) for i in range(0, max(len(data), 1), bs))
 
     def write(self, ckey: bytes, data: bytes) -> tuple[int, ...]:
+        def copy(view: memoryview) -> None:
+            view[:] = data
+
+        return self.write_via(ckey, len(data), copy)
+
+    def write_via(self, ckey: bytes, length: int,
+                  fill: Callable[[memoryview], None]) -> tuple[int, ...]:
+        """Write a chunk whose bytes `fill` puts into the buffer it is given (a GET can read
+        its body straight into it: no chunk-sized allocation, no copy). Returns the CRCs."""
         path = self.path(ckey)
         tmp = os.path.join(self.tmp_dir, os.path.basename(path))
-        if not self._write_direct(tmp, data):
-            with open(tmp, "wb") as f:
-                f.write(data)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        os.replace(tmp, path)
-        return self.checksums(data)
+        padded = -(-length // _ALIGN) * _ALIGN
+        direct = self._direct_ok and length >= _DIRECT_MIN
+        buf = self._buffer(padded) if direct else bytearray(length)
+        view = memoryview(buf)
+        try:
+            fill(view[:length])
+            if not (direct and self._write_direct(tmp, view, length, padded)):
+                with open(tmp, "wb") as f:
+                    f.write(view[:length])
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            os.replace(tmp, path)
+            return self.checksums(view[:length])
+        finally:
+            view.release()
+            # a few buffers serve every writer thread: as many as write at once, not one
+            # per worker thread (trio keeps dozens of threads)
+            if direct and self._buffers.qsize() < _POOLED:
+                self._buffers.put(buf)  # type: ignore[arg-type]
 
-    def _write_direct(self, tmp: str, data: bytes) -> bool:
-        """O_DIRECT from a reused aligned buffer: cold reads fill the cache at network
-        speed, and buffered writes cost the reader 2-3x more kernel CPU (bench/README.md).
-        False where the filesystem refuses O_DIRECT (tmpfs): the caller writes buffered."""
-        if not self._direct_ok or len(data) < _DIRECT_MIN:
-            return False
-        padded = -(-len(data) // _ALIGN) * _ALIGN
+    def _buffer(self, size: int) -> mmap.mmap:
         try:
             buf = self._buffers.get_nowait()
         except queue.Empty:
             buf = None
-        if buf is None or len(buf) < padded:
-            buf = mmap.mmap(-1, padded)  # page-aligned by construction
+        if buf is None or len(buf) < size:
+            buf = mmap.mmap(-1, size)  # page-aligned by construction
+        return buf
+
+    def _write_direct(self, tmp: str, view: memoryview, length: int, padded: int) -> bool:
+        """O_DIRECT from the aligned buffer: cold reads fill the cache at network speed, and
+        buffered writes cost the reader 2-3x more kernel CPU (bench/README.md). False
+        where the filesystem refuses O_DIRECT (tmpfs): the caller writes buffered."""
+        view[length:padded] = bytes(padded - length)
         try:
-            buf[:len(data)] = data
-            buf[len(data):padded] = bytes(padded - len(data))
-            try:
-                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_DIRECT, 0o644)
-            except OSError:
-                self._direct_ok = False
-                return False
-            try:
-                os.write(fd, memoryview(buf)[:padded])
-                os.ftruncate(fd, len(data))  # drop the alignment padding
-            except OSError:
-                self._direct_ok = False
-                return False
-            finally:
-                os.close(fd)
-            return True
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_DIRECT, 0o644)
+        except OSError:
+            self._direct_ok = False
+            return False
+        try:
+            os.write(fd, view[:padded])
+            os.ftruncate(fd, length)  # drop the alignment padding
+        except OSError:
+            self._direct_ok = False
+            return False
         finally:
-            # a few buffers serve every writer thread: as many as write at once, not one
-            # per worker thread (trio keeps dozens of threads)
-            if self._buffers.qsize() < _POOLED:
-                self._buffers.put(buf)
+            os.close(fd)
+        return True
 
     def read_blocks(self, ckey: bytes, length: int, crcs: tuple[int, ...], first: int,
                     last: int) -> bytes:
