@@ -1144,6 +1144,36 @@ def stop_on_signals() -> None:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+def finish(bench, root: str, ok: bool, keep: bool, also_mounted: tuple[str, ...] = ()) -> None:
+    """The end of each bench's main(), also on failure: stop what the bench started, show
+    the daemons' last log lines if it failed, and remove the work dir unless something is
+    still mounted there or --keep asked to keep it."""
+    still = []
+    if bench is not None:
+        bench.cleanup()
+        still = [m.mnt for m in bench.mounts if os.path.ismount(m.mnt)]
+        still += [mnt for mnt in also_mounted if os.path.ismount(mnt)]
+        if not ok:
+            for m in bench.mounts:
+                tail = m.log_tail(10)
+                if tail:
+                    log(f"last lines of {m.cache_dir}/tierfs.log:\n{tail.rstrip()}")
+    if still:
+        log(f"warning: still mounted, work dir {root} kept: {still}")
+    elif keep:
+        log(f"work dir kept: {root}")
+    else:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def code_label(ref: str | None) -> tuple[dict, str]:
+    """(git facts, which tierfs code ran) for the table header and the JSON lines."""
+    info = git_info()
+    code = (Source.label if ref else f"git {info['git_sha'][:12]}"
+            f"{' + uncommitted tierfs/ changes' if info['tierfs_dirty'] else ''}")
+    return info, code
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--size-mib", type=int, help="large file size (default 1024; --quick 256)")
@@ -1185,25 +1215,9 @@ def main() -> int:
     except KeyboardInterrupt:
         log("interrupted")
     finally:
-        bench.cleanup()
-        still = [m.mnt for m in bench.mounts if os.path.ismount(m.mnt)]
-        if bench.memfs and os.path.ismount(bench.memfs.mnt):
-            still.append(bench.memfs.mnt)
-        if not ok:
-            for m in bench.mounts:
-                tail = m.log_tail(10)
-                if tail:
-                    log(f"last lines of {m.cache_dir}/tierfs.log:\n{tail.rstrip()}")
-        if still:
-            log(f"warning: still mounted, work dir {root} kept: {still}")
-        elif args.keep:
-            log(f"work dir kept: {root}")
-        else:
-            shutil.rmtree(root, ignore_errors=True)
+        finish(bench, root, ok, args.keep, (bench.memfs.mnt,) if bench.memfs else ())
 
-    info = git_info()
-    code = (Source.label if args.ref else f"git {info['git_sha'][:12]}"
-            f"{' + uncommitted tierfs/ changes' if info['tierfs_dirty'] else ''}")
+    info, code = code_label(args.ref)
     header = (f"tierfs bench {started:%Y-%m-%d %H:%M}Z  tierfs code: {code}  large file "
               f"{plan.large // MiB} MiB  {'quick  ' if args.quick else ''}"
               f"load {os.getloadavg()[0]:.1f}  {time.perf_counter() - t0:.0f}s")

@@ -35,7 +35,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import datagen  # noqa: E402
 import run  # noqa: E402  (bench/run.py: the read benchmark and the shared helpers)
 from run import (BUCKET, CHUNK, GiB, KiB, MiB, BenchError, Pass, Profiler, Row,  # noqa: E402
-                 Source, TierfsMount, drop_caches, git_info, log, mem_available, print_table,
+                 Source, TierfsMount, drop_caches, log, mem_available, print_table,
                  req_delta, seq_read, write_json)
 
 LARGE_KEY = "large/big.bin"
@@ -881,28 +881,11 @@ def main() -> int:
     except KeyboardInterrupt:
         log("interrupted")
     finally:
-        if bench is not None:
-            bench.cleanup()
-            still = [m.mnt for m in bench.mounts if os.path.ismount(m.mnt)]
-            if not ok:
-                for m in bench.mounts:
-                    tail = m.log_tail(10)
-                    if tail:
-                        log(f"last lines of {m.cache_dir}/tierfs.log:\n{tail.rstrip()}")
-        else:
-            still = []
-        if still:
-            log(f"warning: still mounted, work dir {root} kept: {still}")
-        elif args.keep:
-            log(f"work dir kept: {root}")
-        else:
-            shutil.rmtree(root, ignore_errors=True)
+        run.finish(bench, root, ok, args.keep)
 
     if bench is None:
         return 1
-    info = git_info()
-    code = (Source.label if args.ref else f"git {info['git_sha'][:12]}"
-            f"{' + uncommitted tierfs/ changes' if info['tierfs_dirty'] else ''}")
+    info, code = run.code_label(args.ref)
     p = bench.plan
     load1 = os.getloadavg()
     header = (f"tierfs warm bench {started:%Y-%m-%d %H:%M}Z  tierfs code: {code}  file "

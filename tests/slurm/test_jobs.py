@@ -10,7 +10,6 @@ after the job has read everything (the reads came from the cache).
 import contextlib
 import hashlib
 import json
-import os
 import subprocess
 import sys
 import time
