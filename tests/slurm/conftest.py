@@ -32,7 +32,7 @@ log_file = "{log}"
 @pytest.fixture(scope="session")
 def slurm():
     if os.geteuid() != 0:
-        pytest.skip("a real Slurm needs root")
+        pytest.fail("a real Slurm needs root: run the suite as root, as CI does")
     cluster = start_slurm(SETTINGS)
     try:
         yield cluster
