@@ -19,6 +19,7 @@ from . import sdnotify
 from .config import (MountConfig, build_config, build_config_with_file, parse_o_options,
                      read_config_file)
 from .errors import TierfsError, UsageError
+from .mountinfo import is_mountpoint
 from .runpaths import pid_file
 
 # (flag, dest, help); every value is validated in config.build_config
@@ -222,7 +223,7 @@ def _unmount_target(args: argparse.Namespace) -> str:
 
 def _unmount(mountpoint: str, timeout: float, if_mounted: bool = False) -> None:
     mp = os.path.abspath(mountpoint)
-    if not _in_mountinfo(mp):  # not os.path.ismount: it stats, and a dead daemon's mount hangs or fails
+    if not is_mountpoint(mp):  # not os.path.ismount: it stats, and a dead daemon's mount hangs or fails
         if if_mounted:  # after a clean stop the daemon has unmounted itself already
             return
         _fail(f"{mp} is not mounted")
@@ -244,11 +245,6 @@ def _unmount(mountpoint: str, timeout: float, if_mounted: bool = False) -> None:
             _fail(f"unmounted {mp}, but the daemon (pid {pid}) is still finishing")
         time.sleep(0.05)
 
-
-def _in_mountinfo(path: str) -> bool:
-    with open("/proc/self/mountinfo") as f:
-        # field 5 is the mount point, with space, tab, newline and backslash octal-escaped
-        return any(line.split()[4].encode().decode("unicode_escape") == path for line in f)
 
 
 def _alive(pid: int) -> bool:

@@ -23,6 +23,7 @@ from typing import Callable, Iterator
 
 from .config import format_size, parse_duration
 from .errors import TierfsError, UsageError
+from .mountinfo import mounts
 from .runpaths import control_socket
 
 PROTOCOL = 1
@@ -47,22 +48,9 @@ class TierfsMount:
         return control_socket(self.mountpoint, self.uid)
 
 
-def _unescape(field: str) -> str:
-    # mountinfo escapes space, tab, newline and backslash as octal \\040 \\011 \\012 \\134
-    return field.encode().decode("unicode_escape").encode("latin-1").decode(errors="replace")
-
-
 def tierfs_mounts() -> list[TierfsMount]:
-    out = []
-    with open("/proc/self/mountinfo") as f:
-        for line in f:
-            head, _, tail = line.partition(" - ")
-            fields, rest = head.split(), tail.split()
-            if len(fields) < 5 or len(rest) < 3 or rest[0] != "fuse.tierfs":
-                continue
-            opts = dict(o.partition("=")[::2] for o in rest[2].split(","))
-            out.append(TierfsMount(_unescape(fields[4]), int(opts.get("user_id", "0") or 0)))
-    return out
+    return [TierfsMount(m.mountpoint, int(m.super_options.get("user_id") or 0))
+            for m in mounts() if m.fstype == "fuse.tierfs"]
 
 
 def locate(path: str, mounts: list[TierfsMount]) -> tuple[TierfsMount, str]:

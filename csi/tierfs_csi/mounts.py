@@ -15,6 +15,8 @@ import os
 import threading
 from dataclasses import dataclass
 
+from tierfs.mountinfo import unescape
+
 MS_RDONLY, MS_REMOUNT, MS_BIND = 1, 32, 4096
 MNT_DETACH = 2
 TIERFS_FSTYPE = "fuse.tierfs"  # the daemon mounts with subtype=tierfs
@@ -35,18 +37,13 @@ class MountEntry:
         return "ro" in self.options
 
 
-def _unescape(field: str) -> str:
-    # mountinfo escapes space, tab, newline and backslash as \040 \011 \012 \134
-    return field.encode().decode("unicode_escape") if "\\" in field else field
-
-
 def entries() -> list[MountEntry]:
     out = []
     with open("/proc/self/mountinfo") as f:
         for line in f:
             left, _, right = line.partition(" - ")
             a, b = left.split(), right.split()
-            out.append(MountEntry(int(a[0]), a[2], _unescape(a[4]),
+            out.append(MountEntry(int(a[0]), a[2], unescape(a[4]),
                                   frozenset(a[5].split(",")), b[0]))
     return out
 
