@@ -40,6 +40,10 @@ _MOUNT_OPTIONS = [
      "rename directories of up to this many objects; larger ones EXDEV (1000)"),
     ("--drain-timeout", "drain_timeout",
      "at unmount, wait this long for pending uploads; the rest stays journaled (60s)"),
+    ("--stall-warn", "stall_warn",
+     "log a WARNING for a backend request running longer than this (10s)"),
+    ("--startup-timeout", "startup_timeout",
+     "with a cache index, mount degraded if the store does not answer in this long (10s)"),
     ("--log-level", "log_level", "debug, info, warning or error (default info)"),
     ("--log-file", "log_file", "log here (default: stderr; in the background CACHE_DIR/tierfs.log)"),
 ]

@@ -137,6 +137,11 @@ class MountConfig:
     rename_max_objects: int = 1000
     # at unmount, pending uploads get this long; what is left stays journaled for the next mount
     drain_timeout: float = 60.0
+    # a backend request running longer than this logs one WARNING and counts a stall
+    stall_warn: float = 10.0
+    # a mount of a cache dir with an index waits this long for the store, then mounts
+    # degraded (serving what is cached) instead of failing
+    startup_timeout: float = 10.0
     uid: int = field(default_factory=os.getuid)
     gid: int = field(default_factory=os.getgid)
     file_mode: int = 0o644
@@ -174,6 +179,10 @@ class MountConfig:
             raise bad("rename_max_objects", "must not be negative")
         if self.drain_timeout < 0:
             raise bad("drain_timeout", "must not be negative")
+        if self.stall_warn <= 0:
+            raise bad("stall_warn", "must be positive")
+        if self.startup_timeout <= 0:
+            raise bad("startup_timeout", "must be positive")
         if self.backend_timeout <= 0:
             raise bad("backend_timeout", "must be positive")
         if not 1 <= self.backend_retries <= 20:
@@ -206,6 +215,8 @@ _CONVERTERS = {
     "backend_timeout": parse_duration,
     "dirty_wait": parse_duration,
     "drain_timeout": parse_duration,
+    "stall_warn": parse_duration,
+    "startup_timeout": parse_duration,
     "writeback": parse_bool,
     "bounded_memory": parse_bool,
     "allow_other": parse_bool,

@@ -70,6 +70,23 @@ class Metrics:
                                   "Bytes downloaded by `tierfs warm` (also in backend_bytes)",
                                   registry=r)
 
+        # fault handling (docs/semantics.md "When the object store fails")
+        self.internal_errors = Counter("tierfs_internal_errors",
+                                       "Unexpected exceptions in a task, logged with a traceback",
+                                       ["task"], registry=r)
+        self.backend_stalls = Counter("tierfs_backend_stalls",
+                                      "Backend requests that ran longer than --stall-warn",
+                                      ["op"], registry=r)
+        self.backend_up = Gauge("tierfs_backend_up",
+                                "1 while the object store answers, 0 while the mount is degraded",
+                                registry=r)
+        self.backend_resumed = Counter("tierfs_backend_resumed_bodies",
+                                       "GET bodies cut short and continued from the bytes received",
+                                       registry=r)
+        self.integrity_failures = Counter("tierfs_integrity_failures",
+                                          "Fetched bodies whose checksum did not match (refetched)",
+                                          ["check"], registry=r)
+
     def value(self, name: str, **labels: str) -> float:
         """The current value of one sample (0 if it was never set), e.g. for status."""
         return self.registry.get_sample_value(name, labels) or 0.0
