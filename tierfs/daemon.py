@@ -38,6 +38,7 @@ from .metrics import Metrics
 from .namespace import Namespace
 from .prefetch import Prefetcher
 from .runpaths import control_socket
+from .tasks import Tasks
 from .warm import Warmer
 from .writeback import WriteBack
 
@@ -146,8 +147,9 @@ async def serve(cfg: MountConfig, on_ready: Callable[[], None]) -> None:
                                f"{cfg.metrics_addr[1]}: {exc.strerror}") from None
     try:
         async with trio.open_nursery() as nursery:
-            fetcher = Fetcher(backend, cache, cfg.chunk_size, nursery)
-            prefetcher = Prefetcher(fetcher, cache, metrics, nursery,
+            tasks = Tasks(nursery, metrics)
+            fetcher = Fetcher(backend, cache, cfg.chunk_size, tasks)
+            prefetcher = Prefetcher(fetcher, cache, metrics, tasks,
                                     max_window=cfg.readahead_chunks,
                                     max_queued=2 * cfg.readahead_chunks)
             wb = WriteBack(meta, cache, backend, metrics, bucket=cfg.source.bucket,
@@ -159,7 +161,7 @@ async def serve(cfg: MountConfig, on_ready: Callable[[], None]) -> None:
                 log.info("%d files with unsaved writes recovered from the journal", recovered)
             ns = Namespace(meta, backend, metrics, root_prefix=cfg.source.prefix,
                            ttl_s=cfg.metadata_ttl, has_local_writes=wb.is_dirty,
-                           nursery=nursery)
+                           tasks=tasks)
             fileio = FileIO(ns, cache, fetcher, prefetcher, metrics, bucket=cfg.source.bucket,
                             writeback=wb, rename_max_objects=cfg.rename_max_objects)
             ops = FuseOps(cfg, ns, fileio, cache, metrics)

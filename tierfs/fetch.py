@@ -14,6 +14,7 @@ import trio
 from .backend.runner import AsyncBackend
 from .cache import ChunkCache, ObjectVersion
 from .errors import CacheUnwritable, PreconditionFailed
+from .tasks import Tasks
 
 
 class _Flight:
@@ -26,11 +27,11 @@ class _Flight:
 
 class Fetcher:
     def __init__(self, backend: AsyncBackend, cache: ChunkCache, chunk_size: int,
-                 nursery: trio.Nursery, *, disk_writers: int = 4) -> None:
+                 tasks: Tasks, *, disk_writers: int = 4) -> None:
         self.backend = backend
         self.cache = cache
         self.chunk_size = chunk_size
-        self._nursery = nursery
+        self._tasks = tasks
         self._flights: dict[bytes, _Flight] = {}
         # bounds the fetched bytes waiting for the disk tier: backpressure, not a pile-up
         self._disk_writes = trio.Semaphore(disk_writers)
@@ -91,7 +92,7 @@ class Fetcher:
         except BaseException:
             self._settle(ckey, flight)
             raise
-        self._nursery.start_soon(self._store, obj, ckey, data, flight)
+        self._tasks.spawn("fill", self._store, obj, ckey, data, flight)
         return data
 
     async def _store(self, obj: ObjectVersion, ckey: bytes, data: bytes, flight: _Flight) -> None:

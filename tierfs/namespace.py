@@ -23,6 +23,7 @@ from .errors import (InvalidArgument, IsADirectory, NotADirectory, NotEmpty, Not
                      TierfsError)
 from .meta import DIR, FILE, ROOT_INO, SYMLINK, Inode, MetaStore
 from .metrics import Metrics
+from .tasks import Tasks
 
 log = logging.getLogger(__name__)
 
@@ -33,10 +34,10 @@ class Namespace:
     def __init__(self, meta: MetaStore, backend: AsyncBackend, metrics: Metrics, *,
                  root_prefix: str, ttl_s: float, clock: Callable[[], float] = time.time,
                  has_local_writes: Callable[[int], bool] = lambda ino: False,
-                 nursery: trio.Nursery | None = None) -> None:
+                 tasks: Tasks | None = None) -> None:
         self.meta = meta
         # where background listings run; without one, lookups stay targeted only
-        self._nursery = nursery
+        self._tasks = tasks
         self._listing_soon: set[int] = set()
         # files with unsaved writes: what the bucket says about them is older than we know
         self._local = has_local_writes
@@ -139,7 +140,7 @@ class Namespace:
         """A lookup in an unlisted directory: answer it with two one-key LISTs now, and
         list the whole directory meanwhile, so the next lookups there (a data loader
         opening every file) are answered locally. A huge directory never delays a lookup."""
-        if self._nursery is None or ino in self._listing_soon:
+        if self._tasks is None or ino in self._listing_soon:
             return
         self._listing_soon.add(ino)
 
@@ -151,7 +152,7 @@ class Namespace:
             finally:
                 self._listing_soon.discard(ino)
 
-        self._nursery.start_soon(run)
+        self._tasks.spawn("listing", run)
 
     async def _lookup_remote(self, d: Inode, sname: str, name: bytes) -> Inode:
         key = d.key + sname

@@ -18,6 +18,7 @@ from .cache import ChunkCache, ObjectVersion
 from .errors import TierfsError
 from .fetch import Fetcher
 from .metrics import Metrics
+from .tasks import Tasks
 
 log = logging.getLogger(__name__)
 
@@ -35,11 +36,11 @@ class ReadPattern:
 
 class Prefetcher:
     def __init__(self, fetcher: Fetcher, cache: ChunkCache, metrics: Metrics,
-                 nursery: trio.Nursery, *, max_window: int, max_queued: int) -> None:
+                 tasks: Tasks, *, max_window: int, max_queued: int) -> None:
         self.fetcher = fetcher
         self.cache = cache
         self.metrics = metrics
-        self._nursery = nursery
+        self._tasks = tasks
         self.max_window = max_window
         self.max_queued = max_queued
         self._active: dict[bytes, trio.Event] = {}  # chunks being read ahead
@@ -79,7 +80,7 @@ class Prefetcher:
 
     def _start(self, obj: ObjectVersion, index: int, ckey: bytes, pat: ReadPattern) -> None:
         self._active[ckey] = trio.Event()
-        self._nursery.start_soon(self._bring, obj, index, ckey, pat)
+        self._tasks.spawn("read-ahead", self._bring, obj, index, ckey, pat)
 
     async def settled(self, ckey: bytes) -> None:
         """Wait for a read-ahead of this chunk already under way (never starts one)."""

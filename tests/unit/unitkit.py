@@ -27,6 +27,7 @@ from tierfs.meta import MetaStore
 from tierfs.metrics import Metrics
 from tierfs.namespace import Namespace
 from tierfs.prefetch import Prefetcher
+from tierfs.tasks import Tasks
 
 SOURCE = "file:///src"
 
@@ -145,8 +146,9 @@ async def core(tmp: str, *, chunk_size: int = 64 << 10, block_size: int = 16 << 
     try:
         await trio.to_thread.run_sync(rig.cache.recover)
         async with trio.open_nursery() as nursery:
-            fetcher = Fetcher(abackend, rig.cache, chunk_size, nursery)
-            prefetcher = Prefetcher(fetcher, rig.cache, metrics, nursery, max_window=readahead,
+            tasks = Tasks(nursery, metrics)
+            fetcher = Fetcher(abackend, rig.cache, chunk_size, tasks)
+            prefetcher = Prefetcher(fetcher, rig.cache, metrics, tasks, max_window=readahead,
                                     max_queued=2 * readahead)
             ns = Namespace(rig.meta, abackend, metrics, root_prefix=root_prefix, ttl_s=ttl_s,
                            clock=clock)
