@@ -1,67 +1,166 @@
-"""Mount configuration: one frozen dataclass, parsed and validated in one place.
+"""Mount configuration: one schema, declared once, for every way options arrive.
 
-Every option has the same name on the command line (--cache-size), in `-o cache_size=...`
-(as fstab passes them) and in TOML files (read_config_file: `tierfs mount --config`,
-used by the systemd unit). Parsing errors raise UsageError with a message naming the
-option, so the CLI can print one line and exit.
+MountConfig is a frozen pydantic model: each option is declared once with its type, unit,
+range and meaning, and that declaration validates the command line (--cache-size), `-o
+cache_size=...` (as fstab passes them), TOML files (read_config_file: `tierfs mount
+--config`, the systemd unit) and the CSI plugin's volume attributes, and generates the
+options table of docs/operations.md (`python -m tierfs.config --doc-table`).
+
+Rules every value obeys, whatever its source: numbers are finite (no NaN, no Infinity),
+sizes fit the machine (the memory tier in RAM), durations are at most a year, uid/gid are
+32-bit ids, URLs are parsed here (not by botocore in the background daemon), and text has
+no control characters and a bounded length. Any problem is one UsageError whose message
+names the option and the reason, so the CLI prints one line and exits.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
+import math
 import os
 import re
+import sys
 import tomllib
-from dataclasses import dataclass, field
-from urllib.parse import urlparse
+from dataclasses import dataclass
+from decimal import Decimal, InvalidOperation
+from typing import Annotated, Any, Callable, Literal
+from urllib.parse import urlsplit
+
+from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field,
+                      ValidationError, model_validator)
 
 from .errors import UsageError
 
-_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(?:([kmgtp])i?)?b?\s*$", re.IGNORECASE)
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(?:([kmgtp])i?)?b?\s*$", re.IGNORECASE | re.ASCII)
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40, "p": 1 << 50}
-_DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$", re.IGNORECASE)
-_SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
+_DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$", re.IGNORECASE | re.ASCII)
+_SECONDS = {"ms": Decimal("0.001"), "s": 1, "m": 60, "h": 3600, "d": 86400}
+_INT_RE = re.compile(r"^\s*[+-]?\d{1,30}\s*$", re.ASCII)
+_FLOAT_RE = re.compile(r"^\s*[+-]?(?:\d{1,30}(?:\.\d{0,30})?|\.\d{1,30})\s*$", re.ASCII)
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+# bounds shared by every input (mount options, control requests, slurm settings)
+MAX_TEXT = 4096  # PATH_MAX: the longest path, URL or name any option takes
+MAX_DURATION = 365 * 86400.0  # a year: beyond it, timestamps and timers stop making sense
+MAX_CACHE_SIZE = 1 << 50  # 1 PiB: no node's disk tier is larger; keeps byte counts in int64
+MAX_ID = (1 << 32) - 2  # uid_t/gid_t are 32-bit; 2^32-1 is (uid_t)-1, "no change"
+MAX_JOB_ID = 64
+JOB_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+:-]{0,63}", re.ASCII)  # 1234, 1234_7, 1234+0
+
+
+def physical_memory() -> int:
+    """Bytes of RAM of this machine (the memory tier must fit in it)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):  # not Linux: no cap rather than a wrong one
+        return MAX_CACHE_SIZE
+
+
+# ---- the value parsers (also used by ctl and slurm) ----------------------------------------
+
+
+def _size_value(text: object) -> int:
+    if isinstance(text, bool):
+        raise ValueError("expected a size like 512M, 8MiB or 500G, not true/false")
+    if isinstance(text, int):
+        return text
+    if isinstance(text, float):
+        if not math.isfinite(text) or text != int(text):
+            raise ValueError("expected a whole number of bytes")
+        return int(text)
+    m = _SIZE_RE.match(str(text)) if isinstance(text, str) and len(text) <= 64 else None
+    if not m:
+        raise ValueError("expected a size like 512M, 8MiB or 500G")
+    # Decimal, not float: a 40-digit number stays a number (float would become inf)
+    return int(Decimal(m.group(1)) * _UNITS[(m.group(2) or "").lower()])
+
+
+def _duration_value(text: object) -> float:
+    if isinstance(text, bool):
+        raise ValueError("expected a duration like 30s, 5m or 1h, not true/false")
+    if isinstance(text, (int, float)):
+        value = float(text)
+    else:
+        m = _DURATION_RE.match(text) if isinstance(text, str) and len(text) <= 64 else None
+        if not m:
+            raise ValueError("expected a duration like 30s, 5m or 1h")
+        value = float(Decimal(m.group(1)) * _SECONDS[(m.group(2) or "s").lower()])
+    if not math.isfinite(value):
+        raise ValueError("must be a finite number of seconds")
+    return value
 
 
 def parse_size(text: str | int, name: str = "size") -> int:
     """'500G' -> bytes (binary units: K=1024). Plain numbers are bytes."""
-    if isinstance(text, int):
+    try:
+        return _size_value(text)
+    except ValueError as exc:
+        raise UsageError(f"invalid {name} {_show(text)}: {exc}") from None
+
+
+def parse_duration(text: str | float, name: str = "duration") -> float:
+    """'60', '60s', '5m', '1h' -> seconds (finite; ranges are the caller's schema)."""
+    try:
+        return _duration_value(text)
+    except ValueError as exc:
+        raise UsageError(f"invalid {name} {_show(text)}: {exc}") from None
+
+
+def _bool_value(text: object) -> bool:
+    if isinstance(text, bool):
         return text
-    m = _SIZE_RE.match(str(text))
-    if not m:
-        raise UsageError(f"invalid {name} {text!r}: expected a size like 512M, 8MiB or 500G")
-    return int(float(m.group(1)) * _UNITS[(m.group(2) or "").lower()])
+    low = str(text).strip().lower() if isinstance(text, str) else None
+    if low in ("1", "true", "yes", "on", ""):  # "" is `-o allow_other=`, as fstab writes it
+        return True
+    if low in ("0", "false", "no", "off"):
+        return False
+    raise ValueError("expected true or false")
+
+
+def parse_bool(text: str | bool, name: str) -> bool:
+    try:
+        return _bool_value(text)
+    except ValueError as exc:
+        raise UsageError(f"invalid {name} {_show(text)}: {exc}") from None
 
 
 def format_size(n: float) -> str:
     """Bytes for people: '512 B', '8.0 MiB', '1.5 TiB' (binary units, like parse_size)."""
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if abs(n) < 1024 or unit == "PiB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     raise AssertionError("unreachable")
 
 
-def parse_duration(text: str | float, name: str = "duration") -> float:
-    """'60', '60s', '5m', '1h' -> seconds."""
-    if isinstance(text, (int, float)):
-        return float(text)
-    m = _DURATION_RE.match(str(text))
-    if not m:
-        raise UsageError(f"invalid {name} {text!r}: expected a duration like 30s, 5m or 1h")
-    return float(m.group(1)) * _SECONDS[(m.group(2) or "s").lower()]
+def _show(value: object, limit: int = 60) -> str:
+    """A value inside an error message: repr (so a newline cannot start a forged line),
+    cut to a length a terminal line holds."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
-def parse_bool(text: str | bool, name: str) -> bool:
-    if isinstance(text, bool):
-        return text
-    low = str(text).strip().lower()
-    if low in ("1", "true", "yes", "on", ""):
-        return True
-    if low in ("0", "false", "no", "off"):
-        return False
-    raise UsageError(f"invalid {name} {text!r}: expected true or false")
+def check_text(value: object, *, max_len: int = MAX_TEXT, what: str = "text") -> str:
+    """A string without control characters (no newline that forges a log line, no escape
+    sequence) and at most max_len characters."""
+    if not isinstance(value, str):
+        raise ValueError(f"expected {what}")
+    if len(value) > max_len:
+        raise ValueError(f"longer than {max_len} characters")
+    if _CONTROL.search(value):
+        raise ValueError("contains a control character (newline, tab, escape...)")
+    return value
+
+
+def check_job_id(value: object) -> str:
+    """A Slurm job id as the control protocol, the CLI and the hooks take it."""
+    text = check_text(value, max_len=MAX_JOB_ID, what="a job id")
+    if not JOB_ID_RE.fullmatch(text):
+        raise ValueError("expected a job id like 1234 or 1234_7 (letters, digits, . _ + : -)")
+    return text
+
+
+# ---- Source --------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -74,12 +173,16 @@ class Source:
 
     @classmethod
     def parse(cls, url: str) -> "Source":
-        u = urlparse(url)
+        try:
+            check_text(url, what="a source URL")
+            u = urlsplit(url)
+        except ValueError as exc:
+            raise UsageError(f"invalid source {_show(url)}: {exc}") from None
         if u.scheme == "s3":
             if not u.netloc:
-                raise UsageError(f"invalid source {url!r}: expected s3://BUCKET[/PREFIX]")
-            if not re.fullmatch(r"[a-z0-9][a-z0-9.\-_]{1,254}", u.netloc):
-                raise UsageError(f"invalid bucket name {u.netloc!r} in source {url!r}")
+                raise UsageError(f"invalid source {_show(url)}: expected s3://BUCKET[/PREFIX]")
+            if not re.fullmatch(r"[a-z0-9][a-z0-9.\-_]{1,254}", u.netloc, re.ASCII):
+                raise UsageError(f"invalid bucket name {_show(u.netloc)} in source {_show(url)}")
             prefix = u.path.lstrip("/")
             if prefix and not prefix.endswith("/"):
                 prefix += "/"
@@ -87,9 +190,10 @@ class Source:
         if u.scheme == "file":
             path = u.netloc + u.path if u.netloc else u.path
             if not path.startswith("/"):
-                raise UsageError(f"invalid source {url!r}: expected file:///ABSOLUTE/PATH")
+                raise UsageError(f"invalid source {_show(url)}: expected file:///ABSOLUTE/PATH")
             return cls("file", os.path.normpath(path), "")
-        raise UsageError(f"invalid source {url!r}: expected s3://BUCKET[/PREFIX] or file:///DIR")
+        raise UsageError(f"invalid source {_show(url)}: expected s3://BUCKET[/PREFIX] "
+                         f"or file:///DIR")
 
     def __str__(self) -> str:
         if self.scheme == "file":
@@ -97,106 +201,254 @@ class Source:
         return f"s3://{self.bucket}/{self.prefix}"
 
 
-@dataclass(frozen=True)
-class MountConfig:
-    source: Source
-    mountpoint: str
-    endpoint_url: str | None = None
-    region: str | None = None
-    cache_dir: str = ""
-    cache_size: int = 10 << 30
-    memory_cache_size: int = 256 << 20
-    chunk_size: int = 8 << 20
-    metadata_ttl: float = 60.0
-    metrics_addr: tuple[str, int] | None = None
-    allow_other: bool = False
-    read_only: bool = False
-    log_level: str = "info"
-    log_file: str | None = None
+# ---- field types ---------------------------------------------------------------------------
+# Each is an Annotated type: a parser from what users write (strings from argv and -o, TOML
+# values, Python values from tests and the CSI plugin), then a range check whose message
+# speaks the option's unit. `kind` and `allowed` feed read_config_file's TOML checks and
+# the generated docs table.
+
+
+def _ranged(lo: float | None, hi: float | None, show: Callable[[Any], str], *,
+            lo_open: bool = False, hi_open: bool = False,
+            hi_why: str = "") -> Callable[[Any], Any]:
+    def check(value: Any) -> Any:
+        if lo is not None and (value <= lo if lo_open else value < lo):
+            raise ValueError(f"must be {'more than' if lo_open else 'at least'} {show(lo)}")
+        if hi is not None and (value >= hi if hi_open else value > hi):
+            raise ValueError(f"must be {'less than' if hi_open else 'at most'} {show(hi)}"
+                             f"{hi_why}")
+        return value
+    return check
+
+
+def _show_size(n: float) -> str:
+    for unit, shift in (("P", 50), ("T", 40), ("G", 30), ("M", 20), ("K", 10)):
+        if n >= 1 << shift and n % (1 << shift) == 0 and (shift > 10 or n < 1 << 20):
+            return f"{int(n) >> shift}{unit}"
+    return format_size(n) if n >= 1024 else f"{int(n)}"
+
+
+def _show_duration(s: float) -> str:
+    for unit, n in (("d", 86400), ("h", 3600), ("m", 60)):
+        if s >= n and s % n == 0:
+            return f"{int(s // n)}{unit}"
+    return f"{s:g}s"
+
+
+def _int_value(value: object) -> int:
+    if isinstance(value, bool):
+        raise ValueError("expected a whole number, not true/false")
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and math.isfinite(value) and value == int(value):
+        return int(value)
+    if isinstance(value, str) and _INT_RE.match(value):
+        return int(value)
+    raise ValueError("expected a whole number")
+
+
+def _float_value(value: object) -> float:
+    if isinstance(value, bool):
+        raise ValueError("expected a number, not true/false")
+    if isinstance(value, (int, float)):
+        value = float(value)
+    elif isinstance(value, str) and _FLOAT_RE.match(value):
+        value = float(value)
+    else:
+        raise ValueError("expected a number like 0.1")
+    if not math.isfinite(value):
+        raise ValueError("must be a finite number")
+    return value
+
+
+def _mode_value(value: object) -> int:
+    if isinstance(value, str) and re.fullmatch(r"\s*0?[0-7]{1,4}\s*", value, re.ASCII):
+        return int(value, 8)
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= 0o7777:
+        return value
+    raise ValueError("expected octal permissions like 0644")
+
+
+def _url_value(value: object) -> str:
+    text = check_text(value, what="a URL")
+    if " " in text:
+        raise ValueError("contains a space")
+    u = urlsplit(text)  # raises ValueError on an unclosed [IPv6 bracket
+    if u.scheme not in ("http", "https") or not u.netloc or not u.hostname:
+        raise ValueError("expected an http(s) URL like http://rgw:7480")
+    u.port  # noqa: B018 - raises ValueError on a port that is not a number in range
+    return text
+
+
+def _addr_value(value: object) -> tuple[str, int]:
+    if isinstance(value, tuple) and len(value) == 2:
+        host, port = value
+        value = f"{host}:{port}"
+    text = check_text(value, max_len=300, what="HOST:PORT")
+    host, sep, port = text.rpartition(":")
+    if not sep or not re.fullmatch(r"\d{1,5}", port, re.ASCII) or not 0 < int(port) < 65536:
+        raise ValueError("expected HOST:PORT")
+    if " " in host:
+        raise ValueError("expected HOST:PORT (the host contains a space)")
+    return (host.strip("[]") or "127.0.0.1", int(port))
+
+
+def _region_value(value: object) -> str:
+    text = check_text(value, max_len=64, what="a region name")
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}", text, re.ASCII):
+        raise ValueError("expected a region name like us-east-1 (letters, digits, . _ -)")
+    return text
+
+
+def _path_value(value: object) -> str:
+    text = check_text(value, what="a path")
+    if not text:
+        raise ValueError("expected a path")
+    return text
+
+
+def _source_value(value: object) -> object:
+    return Source.parse(value) if isinstance(value, str) else value
+
+
+def _field(default: Any, kind: str, allowed: str, help: str, **kw: Any) -> Any:
+    if "default_factory" not in kw:
+        kw["default"] = default
+    return Field(description=help, json_schema_extra={"kind": kind, "allowed": allowed},
+                 **kw)
+
+
+def _size_type(lo: int, hi: int, hi_why: str = "") -> Any:
+    return Annotated[int, BeforeValidator(_size_value),
+                     AfterValidator(_ranged(lo, hi, _show_size, hi_why=hi_why))]
+
+
+def _duration_type(lo: float = 0.0, lo_open: bool = False, hi: float = MAX_DURATION) -> Any:
+    return Annotated[float, BeforeValidator(_duration_value),
+                     AfterValidator(_ranged(lo, hi, _show_duration, lo_open=lo_open))]
+
+
+def _int_type(lo: int, hi: int) -> Any:
+    return Annotated[int, BeforeValidator(_int_value), AfterValidator(_ranged(lo, hi, str))]
+
+
+def _ratio_type(lo: float, hi: float, *, lo_open: bool = False, hi_open: bool = False) -> Any:
+    return Annotated[float, BeforeValidator(_float_value),
+                     AfterValidator(_ranged(lo, hi, lambda x: f"{x:g}", lo_open=lo_open,
+                                            hi_open=hi_open))]
+
+
+Bool = Annotated[bool, BeforeValidator(_bool_value)]
+Path = Annotated[str, BeforeValidator(_path_value)]
+_RAM = physical_memory()
+_RAM_WHY = " (this machine's RAM)"
+
+
+class MountConfig(BaseModel):
+    """A mount's options, validated; immutable (compare, hash, never change)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False,
+                              arbitrary_types_allowed=True)
+
+    source: Annotated[Source, BeforeValidator(_source_value)]
+    mountpoint: Path
+    endpoint_url: Annotated[str | None, BeforeValidator(
+        lambda v: None if v is None else _url_value(v))] = _field(
+        None, "url", "http(s) URL", "S3 endpoint, e.g. a Ceph RGW `http://rgw:7480`")
+    region: Annotated[str | None, BeforeValidator(
+        lambda v: None if v is None else _region_value(v))] = _field(
+        None, "text", "letters, digits, `.` `_` `-`", "S3 region")
+    cache_dir: Annotated[str, BeforeValidator(
+        lambda v: "" if v == "" else _path_value(v))] = _field(
+        "", "path", "absolute path", "chunk files + LMDB index; one daemon per cache dir")
+    cache_size: _size_type(0, MAX_CACHE_SIZE) = _field(
+        10 << 30, "size", "2 chunks - 1P", "disk-tier budget")
+    memory_cache_size: _size_type(0, _RAM, _RAM_WHY) = _field(
+        256 << 20, "size", "0 - the machine's RAM", "memory tier in front of the disk (0: none)")
+    chunk_size: _size_type(64 << 10, 256 << 20) = _field(
+        8 << 20, "size", "64K - 256M, a power of two", "unit of GETs and cache files")
+    metadata_ttl: _duration_type() = _field(
+        60.0, "duration", "0 - 365d", "how long listings/attributes are trusted")
+    metrics_addr: Annotated[tuple[str, int] | None, BeforeValidator(
+        lambda v: None if v is None else _addr_value(v))] = _field(
+        None, "addr", "`\"HOST:PORT\"`", "serve Prometheus metrics here")
+    allow_other: Bool = _field(False, "bool", "", "let other users read the mount")
+    read_only: Bool = _field(False, "bool", "", "refuse every change (EROFS)")
+    log_level: Annotated[Literal["debug", "info", "warning", "error"], BeforeValidator(
+        lambda v: v.strip().lower() if isinstance(v, str) else v)] = _field(
+        "info", "choice", "`debug` `info` `warning` `error`", "log level")
+    log_file: Annotated[str | None, BeforeValidator(
+        lambda v: None if v is None else _path_value(v))] = _field(
+        None, "path", "absolute path", "log here (default: stderr / the journal)")
     # keep at least this fraction of the cache filesystem free, whatever cache_size says
-    min_free_ratio: float = 0.10
+    min_free_ratio: _ratio_type(0.0, 1.0, hi_open=True) = _field(
+        0.10, "float", "0 - <1", "share of the cache filesystem kept free")
     # evict when usage passes high * budget, down to low * budget
-    evict_high: float = 0.95
-    evict_low: float = 0.90
+    evict_high: _ratio_type(0.0, 1.0, lo_open=True) = _field(
+        0.95, "float", ">0 - 1, above evict_low", "eviction starts at this share of the budget")
+    evict_low: _ratio_type(0.0, 1.0, lo_open=True) = _field(
+        0.90, "float", ">0 - <evict_high", "eviction stops at this share of the budget")
     # heat halves after this long without access; sets how long "hot" is remembered
-    heat_half_life: float = 1800.0
-    readahead_chunks: int = 8
-    backend_concurrency: int = 16
+    heat_half_life: _duration_type(lo_open=True) = _field(
+        1800.0, "duration", ">0 - 365d", "how long \"hot\" is remembered by eviction")
+    readahead_chunks: _int_type(1, 64) = _field(
+        8, "int", "1 - 64", "chunks fetched ahead of a sequential reader")
+    backend_concurrency: _int_type(1, 256) = _field(
+        16, "int", "1 - 256", "parallel requests to the object store")
     # parallel GETs of `tierfs warm`, on threads of their own (see backend/runner.py)
-    warm_concurrency: int = 16
-    backend_timeout: float = 30.0
-    backend_retries: int = 4
+    warm_concurrency: _int_type(1, 256) = _field(
+        16, "int", "1 - 256", "parallel GETs of `tierfs warm`")
+    backend_timeout: _duration_type(lo_open=True) = _field(
+        30.0, "duration", ">0 - 365d", "botocore read timeout")
+    backend_retries: _int_type(1, 20) = _field(
+        4, "int", "1 - 20", "botocore attempts (standard retry mode)")
     # keep glibc from hoarding freed 8 MiB chunk buffers (RSS stays near the memory tier);
     # costs cold-read throughput, as every chunk buffer is a fresh mmap (bench/README.md)
-    bounded_memory: bool = True
+    bounded_memory: Bool = _field(True, "bool", "", "give freed chunk buffers back to the OS")
     # write-back: close() returns before the upload (fsync still waits for S3)
-    writeback: bool = False
+    writeback: Bool = _field(False, "bool", "", "`close()` returns before the upload")
     # how long writers wait for uploads to free budget before ENOSPC
-    dirty_wait: float = 60.0
+    dirty_wait: _duration_type() = _field(
+        60.0, "duration", "0 - 365d", "writers wait this long for budget, then ENOSPC")
     # directories with more objects than this are not renamed (EXDEV: mv copies instead)
-    rename_max_objects: int = 1000
+    rename_max_objects: _int_type(0, 10_000_000) = _field(
+        1000, "int", "0 - 10000000", "larger directory renames answer EXDEV")
     # at unmount, pending uploads get this long; what is left stays journaled for the next mount
-    drain_timeout: float = 60.0
+    drain_timeout: _duration_type() = _field(
+        60.0, "duration", "0 - 365d", "how long a stop waits for pending uploads")
     # a backend request running longer than this logs one WARNING and counts a stall
-    stall_warn: float = 10.0
+    stall_warn: _duration_type(lo_open=True) = _field(
+        10.0, "duration", ">0 - 365d", "a backend request this slow logs a WARNING")
     # a mount of a cache dir with an index waits this long for the store, then mounts
     # degraded (serving what is cached) instead of failing
-    startup_timeout: float = 10.0
-    uid: int = field(default_factory=os.getuid)
-    gid: int = field(default_factory=os.getgid)
-    file_mode: int = 0o644
-    dir_mode: int = 0o755
+    startup_timeout: _duration_type(lo_open=True) = _field(
+        10.0, "duration", ">0 - 365d", "with an index, mount degraded after this long")
+    uid: _int_type(0, MAX_ID) = _field(
+        None, "int", "0 - 4294967294", "owner shown for files and directories",
+        default_factory=os.getuid)
+    gid: _int_type(0, MAX_ID) = _field(
+        None, "int", "0 - 4294967294", "group shown for files and directories",
+        default_factory=os.getgid)
+    file_mode: Annotated[int, BeforeValidator(_mode_value)] = _field(
+        0o644, "mode", "octal, up to 07777", "mode shown for files")
+    dir_mode: Annotated[int, BeforeValidator(_mode_value)] = _field(
+        0o755, "mode", "octal, up to 07777", "mode shown for directories")
 
-    def __post_init__(self) -> None:
-        def bad(name: str, why: str) -> UsageError:
-            return UsageError(f"invalid {name.replace('_', '-')}: {why}")
+    def __init__(self, **data: Any) -> None:
+        try:
+            super().__init__(**data)
+        except ValidationError as exc:
+            raise usage_error(exc) from None
 
-        if self.chunk_size < 64 << 10 or self.chunk_size > 256 << 20:
-            raise bad("chunk_size", "must be between 64K and 256M")
+    @model_validator(mode="after")
+    def _consistent(self) -> "MountConfig":
         if self.chunk_size & (self.chunk_size - 1):
-            raise bad("chunk_size", "must be a power of two (e.g. 4M, 8M, 16M)")
+            raise ValueError("invalid chunk-size: must be a power of two (e.g. 4M, 8M, 16M)")
         if self.cache_size < 2 * self.chunk_size:
-            raise bad("cache_size", "must hold at least two chunks")
-        if self.memory_cache_size < 0:
-            raise bad("memory_cache_size", "must not be negative")
-        if self.metadata_ttl < 0:
-            raise bad("metadata_ttl", "must not be negative")
-        if not 0 <= self.min_free_ratio < 1:
-            raise bad("min_free_ratio", "must be in [0, 1)")
-        if not 0 < self.evict_low < self.evict_high <= 1:
-            raise bad("evict_low/evict_high", "need 0 < low < high <= 1")
-        if self.heat_half_life <= 0:
-            raise bad("heat_half_life", "must be positive")
-        if not 1 <= self.readahead_chunks <= 64:
-            raise bad("readahead_chunks", "must be between 1 and 64")
-        if not 1 <= self.backend_concurrency <= 256:
-            raise bad("backend_concurrency", "must be between 1 and 256")
-        if not 1 <= self.warm_concurrency <= 256:
-            raise bad("warm_concurrency", "must be between 1 and 256")
-        if self.dirty_wait < 0:
-            raise bad("dirty_wait", "must not be negative")
-        if self.rename_max_objects < 0:
-            raise bad("rename_max_objects", "must not be negative")
-        if self.drain_timeout < 0:
-            raise bad("drain_timeout", "must not be negative")
-        if self.stall_warn <= 0:
-            raise bad("stall_warn", "must be positive")
-        if self.startup_timeout <= 0:
-            raise bad("startup_timeout", "must be positive")
-        if self.backend_timeout <= 0:
-            raise bad("backend_timeout", "must be positive")
-        if not 1 <= self.backend_retries <= 20:
-            raise bad("backend_retries", "must be between 1 and 20")
-        if self.uid < 0 or self.gid < 0:
-            raise bad("uid/gid", "must not be negative")
-        if not (0 <= self.file_mode <= 0o7777 and 0 <= self.dir_mode <= 0o7777):
-            raise bad("file_mode/dir_mode", "must be octal permissions like 0644")
-        if self.log_level.lower() not in ("debug", "info", "warning", "error"):
-            raise bad("log_level", "one of debug, info, warning, error")
-        if self.endpoint_url is not None:
-            u = urlparse(self.endpoint_url)
-            if u.scheme not in ("http", "https") or not u.netloc:
-                raise bad("endpoint_url", f"{self.endpoint_url!r} is not an http(s) URL")
+            raise ValueError("invalid cache-size: must hold at least two chunks")
+        if not self.evict_low < self.evict_high:
+            raise ValueError("invalid evict-low/evict-high: need 0 < low < high <= 1")
+        return self
 
     @property
     def effective_cache_dir(self) -> str:
@@ -206,55 +458,67 @@ class MountConfig:
         return f"/var/cache/tierfs/{hashlib.sha256(ident).hexdigest()[:16]}"
 
 
-_CONVERTERS = {
-    "cache_size": parse_size,
-    "memory_cache_size": parse_size,
-    "chunk_size": parse_size,
-    "metadata_ttl": parse_duration,
-    "heat_half_life": parse_duration,
-    "backend_timeout": parse_duration,
-    "dirty_wait": parse_duration,
-    "drain_timeout": parse_duration,
-    "stall_warn": parse_duration,
-    "startup_timeout": parse_duration,
-    "writeback": parse_bool,
-    "bounded_memory": parse_bool,
-    "allow_other": parse_bool,
-    "read_only": parse_bool,
+# every option but the two positional arguments; the ones that take no value (`-o
+# allow_other`, `--writeback`, `-o bounded_memory`) are the booleans, derived here once
+OPTIONS = tuple(n for n in MountConfig.model_fields if n not in ("source", "mountpoint"))
+def _kind(name: str) -> str:
+    extra = MountConfig.model_fields[name].json_schema_extra
+    return str(extra.get("kind", "")) if isinstance(extra, dict) else ""
+
+
+FLAG_OPTIONS = frozenset(n for n in OPTIONS if _kind(n) == "bool")
+
+
+def option_name(field: str) -> str:
+    """cache_size -> cache-size, as the command line and error messages spell it."""
+    return field.replace("_", "-")
+
+
+_TYPE_MESSAGES = {
+    "missing": "is required", "extra_forbidden": "unknown option",
+    "literal_error": "expected one of {expected}", "string_type": "expected a string",
+    "finite_number": "must be a finite number", "frozen_instance": "cannot be changed",
 }
+
+
+def usage_error(exc: ValidationError, prefix: str = "") -> UsageError:
+    """A pydantic ValidationError -> one line naming the first bad option and why."""
+    err = exc.errors(include_url=False)[0]
+    loc = ".".join(str(p) for p in err.get("loc", ()))
+    kind = err.get("type", "")
+    template = _TYPE_MESSAGES.get(kind)
+    if template is not None:
+        why = template.format(**{k: v for k, v in (err.get("ctx") or {}).items()})
+    else:
+        why = err.get("msg", "invalid").removeprefix("Value error, ").removeprefix(
+            "Assertion failed, ")
+    if not loc:  # a check across options: its message names them
+        return UsageError(f"{prefix}{why}")
+    if kind == "extra_forbidden":
+        return UsageError(f"{prefix}unknown option {_show(loc)}")
+    if kind == "missing":
+        return UsageError(f"{prefix}{option_name(loc)} is required")
+    return UsageError(f"{prefix}invalid {option_name(loc)} {_show(err.get('input'))}: {why}")
+
+
 # generic mount(8) options fstab passes along; they mean nothing to tierfs
 _IGNORED_MOUNT_OPTIONS = {"rw", "defaults", "auto", "noauto", "nofail", "_netdev", "user",
                           "nouser", "users", "noatime", "relatime", "nodev", "nosuid", "noexec",
                           "dev", "suid", "exec", "atime"}
 
 
-def _convert(name: str, value: object) -> object:
-    if name in _CONVERTERS:
-        return _CONVERTERS[name](value, name.replace("_", "-"))  # type: ignore[operator]
-    if name == "metrics_addr":
-        return parse_addr(str(value))
-    ftype = {f.name: f.type for f in dataclasses.fields(MountConfig)}[name]
-    try:
-        if ftype == "int" and name.endswith("_mode"):
-            return int(str(value), 8)
-        if ftype == "int":
-            return int(value)  # type: ignore[arg-type]
-        if ftype == "float":
-            return float(value)  # type: ignore[arg-type]
-    except ValueError:
-        raise UsageError(f"invalid {name.replace('_', '-')} {value!r}: expected a number") from None
-    return value
-
-
 def parse_addr(text: str) -> tuple[str, int]:
-    host, sep, port = text.rpartition(":")
-    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
-        raise UsageError(f"invalid metrics-addr {text!r}: expected HOST:PORT")
-    return (host or "127.0.0.1", int(port))
+    try:
+        return _addr_value(text)
+    except ValueError as exc:
+        raise UsageError(f"invalid metrics-addr {_show(text)}: {exc}") from None
 
 
 def parse_o_options(items: list[str]) -> dict[str, object]:
-    """['cache_size=5G,ro', ...] -> {'cache_size': '5G', 'read_only': True}."""
+    """['cache_size=5G,ro', ...] -> {'cache_size': '5G', 'read_only': True}.
+
+    A name without a value is True; build_config accepts that for the boolean options only
+    (FLAG_OPTIONS) and tells the others they need a value."""
     out: dict[str, object] = {}
     for item in items:
         for part in item.split(","):
@@ -271,20 +535,22 @@ def parse_o_options(items: list[str]) -> dict[str, object]:
 
 def build_config(source: str, mountpoint: str, options: dict[str, object]) -> MountConfig:
     """Validate raw option values (strings from argv, -o or TOML) into a MountConfig."""
-    names = {f.name for f in dataclasses.fields(MountConfig)} - {"source", "mountpoint"}
     kwargs: dict[str, object] = {}
     for key, value in options.items():
         if value is None:
             continue
-        if key not in names:
-            raise UsageError(f"unknown option {key!r}")
-        if value is True and key not in ("allow_other", "read_only", "writeback"):
-            raise UsageError(f"option {key.replace('_', '-')} needs a value")
-        kwargs[key] = _convert(key, value)
+        if key not in OPTIONS:
+            raise UsageError(f"unknown option {_show(key)}")
+        if value is True and key not in FLAG_OPTIONS:
+            raise UsageError(f"option {option_name(key)} needs a value")
+        kwargs[key] = value
     if not mountpoint:
         raise UsageError("missing MOUNTPOINT")
-    return MountConfig(source=Source.parse(source), mountpoint=os.path.abspath(mountpoint),
-                       **kwargs)  # type: ignore[arg-type]
+    try:
+        check_text(mountpoint, what="a path")
+    except ValueError as exc:
+        raise UsageError(f"invalid mount point {_show(mountpoint)}: {exc}") from None
+    return MountConfig(source=source, mountpoint=os.path.abspath(mountpoint), **kwargs)
 
 
 # keys whose values are paths: a config file is read by a daemon whose working directory
@@ -304,40 +570,41 @@ def read_config_file(path: str) -> dict[str, object]:
         raise UsageError(f"cannot read config file {path}: {exc.strerror}") from None
     except tomllib.TOMLDecodeError as exc:
         raise UsageError(f"{path}: invalid TOML: {exc}") from None
-    types = {f.name: f.type for f in dataclasses.fields(MountConfig)}
     out: dict[str, object] = {}
     for raw_key, value in data.items():
         key = raw_key.replace("-", "_")
         if key in out:
             raise UsageError(f"{path}: {raw_key!r} is given twice (dashes and underscores "
                              f"name the same option)")
-        if key not in types:
-            raise UsageError(f"{path}: unknown option {raw_key!r}")
-        out[key] = _check_toml_value(path, key, types[key], value)
+        if key not in OPTIONS and key not in ("source", "mountpoint"):
+            raise UsageError(f"{path}: unknown option {_show(raw_key)}")
+        out[key] = _check_toml_value(path, key, value)
     return out
 
 
-def _check_toml_value(path: str, key: str, ftype: str, value: object) -> object:
-    """Reject the TOML types that build_config would misread (it was written for strings)."""
+def _check_toml_value(path: str, key: str, value: object) -> object:
+    """Reject the TOML types the schema would misread (it also takes strings)."""
+    kind = "path" if key in ("source", "mountpoint") else _kind(key)
+
     def bad(why: str) -> UsageError:
         return UsageError(f"{path}: {key}: {why}")
 
     if isinstance(value, (dict, list)) or not isinstance(value, (str, int, float)):
         raise bad("expected a string, number or boolean")
     if isinstance(value, bool):
-        if ftype != "bool":
+        if kind != "bool":
             raise bad("expected a value, not true/false")
         return value
-    if key in ("source", "mountpoint") or ftype.startswith("str"):
+    if kind in ("path", "text", "url", "choice", "addr"):
         if not isinstance(value, str):
             raise bad("expected a string")
         if key in _PATH_KEYS and not os.path.isabs(value):
-            raise bad(f"{value!r} is not an absolute path")
+            raise bad(f"{_show(value)} is not an absolute path")
         return value
-    if key.endswith("_mode") and not isinstance(value, str):
+    if kind == "mode" and not isinstance(value, str):
         # TOML 644 is decimal 644, not octal: only a string says what is meant
         raise bad('write the mode as a string, e.g. "0644"')
-    if ftype == "int" and isinstance(value, float):
+    if kind == "int" and isinstance(value, float):
         raise bad(f"expected a whole number, not {value}")
     return value
 
@@ -362,3 +629,101 @@ def build_config_with_file(path: str, source: str | None, mountpoint: str | None
     except UsageError as exc:
         raise UsageError(f"{path}: {exc}") from None
     return build_config(str(source), str(mountpoint), {**options, **overrides})
+
+
+# ---- Slurm hook settings (tierfs-slurm.toml; read by tierfs/slurm.py) ------------------------
+
+MANIFEST_MAX_BYTES = 1 << 20  # a manifest (tierfs warm --manifest, tierfs:manifest=) is at most 1 MiB
+MANIFEST_MAX_PATHS = 100_000
+
+
+class SlurmSettings(BaseModel):
+    """The site settings of the Slurm Prolog/Epilog, validated like mount options."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+    strict: Bool = False  # True: a failed warm exits 1 and Slurm drains the node
+    # pins end by themselves if an epilog never runs; "", 0 or false: no expiry
+    pin_ttl: Annotated[float | None, BeforeValidator(
+        lambda v: None if v in ("", 0, "0", False, None) else _duration_value(v)),
+        AfterValidator(lambda v: v if v is None else _ranged(
+            0, MAX_DURATION, _show_duration, lo_open=True)(v))] = 7 * 86400.0
+    timeout: _duration_type(lo_open=True, hi=86400.0) = 300.0  # for the whole hook
+    max_bytes: _size_type(0, MAX_CACHE_SIZE) = 0  # per job and node (0: no limit)
+    log_file: Annotated[str | None, BeforeValidator(
+        lambda v: None if v in ("", None) else _abs_path(v))] = "/var/log/tierfs/slurm.log"
+    scontrol: Path = "scontrol"
+
+
+def _abs_path(value: object) -> str:
+    text = _path_value(value)
+    if not os.path.isabs(text):
+        raise ValueError("expected an absolute path")
+    return text
+
+
+def slurm_settings(data: dict[str, object], prefix: str = "") -> SlurmSettings:
+    """Validate the settings file's table; one UsageError line naming the setting."""
+    if not isinstance(data, dict):
+        raise UsageError(f"{prefix}expected a table of settings")
+    try:
+        return SlurmSettings(**{str(k): v for k, v in data.items()})
+    except ValidationError as exc:
+        err = usage_error(exc, prefix)
+        if exc.errors()[0].get("type") == "extra_forbidden":
+            known = ", ".join(SlurmSettings.model_fields)
+            name = _show(str(exc.errors()[0]["loc"][0]))
+            raise UsageError(f"{prefix}unknown setting {name} (known: {known})") from None
+        raise err from None
+
+
+# ---- the docs table ------------------------------------------------------------------------
+
+_KIND_TEXT = {"size": "size: `\"500G\"` or bytes", "duration": "duration: `\"30s\"` or seconds",
+              "int": "integer", "float": "number", "bool": "boolean", "path": "absolute path",
+              "text": "string", "url": "string", "addr": "string", "choice": "string",
+              "mode": "string: octal `\"0644\"`"}
+
+
+def _default_text(name: str) -> str:
+    f = MountConfig.model_fields[name]
+    kind = _kind(name)
+    if f.default_factory is not None:
+        return "the mounting user"
+    d = f.default
+    if d is None or d == "":
+        return {"endpoint_url": "AWS", "region": "botocore's", "log_file": "the journal (stderr)",
+                "metrics_addr": "off", "cache_dir": "`/var/cache/tierfs/<id of source>`"}[name]
+    if kind == "bool":
+        return f"`{str(d).lower()}`"
+    if kind == "size":
+        return f"`\"{_show_size(d)}\"`"
+    if kind == "duration":
+        return f"`\"{_show_duration(d)}\"`"
+    if kind == "mode":
+        return f"`\"{d:04o}\"`"
+    if kind == "choice":
+        return f"`\"{d}\"`"
+    return f"`{d:.2f}`" if isinstance(d, float) else f"`{d}`"
+
+
+def options_table() -> str:
+    """The TOML keys table of docs/operations.md, from the schema (tested to match)."""
+    rows = ["| key | TOML value | allowed | default | meaning |", "|---|---|---|---|---|",
+            "| `source` | `\"s3://BUCKET[/PREFIX]\"` (or `\"file:///DIR\"`) | | required | "
+            "what to mount |",
+            "| `mountpoint` | absolute path | an existing empty directory | required | "
+            "where |"]
+    for name in OPTIONS:
+        f = MountConfig.model_fields[name]
+        extra = f.json_schema_extra if isinstance(f.json_schema_extra, dict) else {}
+        rows.append(f"| `{name}` | {_KIND_TEXT[str(extra['kind'])]} | {extra['allowed']} | "
+                    f"{_default_text(name)} | {f.description} |")
+    return "\n".join(rows) + "\n"
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] == ["--doc-table"]:
+        sys.stdout.write(options_table())
+    else:
+        sys.exit("usage: python -m tierfs.config --doc-table")

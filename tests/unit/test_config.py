@@ -187,7 +187,7 @@ def test_missing_mountpoint_is_a_usage_error():
 
 def test_none_values_mean_not_given():
     cfg = build_config(SRC, MP, {"cache_size": None, "region": None})
-    assert cfg.cache_size == MountConfig.__dataclass_fields__["cache_size"].default
+    assert cfg.cache_size == MountConfig.model_fields["cache_size"].default
 
 
 def test_effective_cache_dir_depends_on_source_and_endpoint():
