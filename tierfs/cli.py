@@ -8,6 +8,7 @@ parent's exit status tells whether the mount is usable.
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
 import os
 import subprocess
@@ -16,9 +17,9 @@ import time
 from typing import NoReturn
 
 from . import sdnotify
-from .config import (MountConfig, build_config, build_config_with_file, parse_o_options,
-                     read_config_file)
-from .errors import TierfsError, UsageError
+from .config import (FLAG_OPTIONS, MountConfig, build_config, build_config_with_file,
+                     parse_o_options, read_config_file)
+from .errors import StartupError, TierfsError, UsageError
 from .mountinfo import is_mountpoint
 from .runpaths import pid_file
 
@@ -51,7 +52,8 @@ _MOUNT_OPTIONS = [
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
-        sys.stderr.write(f"tierfs: error: {message} (see 'tierfs {self.prog.split()[-1]} --help')\n")
+        # self.prog is "tierfs" or "tierfs mount": the command to ask for help is exactly it
+        sys.stderr.write(f"tierfs: error: {message} (see '{self.prog} --help')\n")
         sys.exit(2)
 
 
@@ -118,8 +120,8 @@ def _config(args: argparse.Namespace) -> MountConfig:
     for _, dest, _ in _MOUNT_OPTIONS:
         if getattr(args, dest) is not None:
             options[dest] = getattr(args, dest)
-    for flag in ("allow_other", "read_only", "writeback"):
-        if getattr(args, flag):
+    for flag in sorted(FLAG_OPTIONS):  # the boolean options that have a --flag
+        if getattr(args, flag, None):
             options[flag] = True
     if args.config:
         return build_config_with_file(args.config, args.source, args.mountpoint, options)
@@ -133,8 +135,7 @@ def _setup_logging(cfg: MountConfig, background: bool) -> None:
     log_file = cfg.log_file or (os.path.join(cfg.effective_cache_dir, "tierfs.log")
                                 if background else None)
     if log_file:
-        os.makedirs(os.path.dirname(log_file) or ".", exist_ok=True)
-        handler = logging.FileHandler(log_file)
+        handler = _log_file_handler(log_file)
     else:
         handler = logging.StreamHandler(sys.stderr)
     if not log_file and sdnotify.stderr_is_journal():  # under systemd
@@ -149,8 +150,31 @@ def _setup_logging(cfg: MountConfig, background: bool) -> None:
         logging.getLogger(noisy).setLevel(max(logging.WARNING, root.level))
 
 
+def _log_file_handler(path: str) -> logging.FileHandler:
+    """The log file opened for appending; a problem with it is named as such (it cannot be
+    the place to look for why the mount failed)."""
+    try:
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        return logging.FileHandler(path)
+    except OSError as exc:
+        raise UsageError(f"invalid log-file {path}: cannot write it: "
+                         f"{exc.strerror or exc}") from None
+
+
+def check_fuse_device(path: str = "/dev/fuse") -> None:
+    """FUSE needs read-write access to /dev/fuse; without it libfuse prints its own lines
+    and pyfuse3 raises a bare RuntimeError, so check first and say it in one line."""
+    try:
+        os.close(os.open(path, os.O_RDWR | os.O_CLOEXEC))
+    except OSError as exc:
+        hint = ("load the fuse module (modprobe fuse)" if exc.errno == errno.ENOENT else
+                "FUSE mounts need read-write access to it (a container needs the device)")
+        raise StartupError(f"cannot use {path}: {exc.strerror}: {hint}") from None
+
+
 def _mount(args: argparse.Namespace, argv: list[str] | None) -> None:
     cfg = _config(args)
+    check_fuse_device()
     if not args.foreground:
         _spawn_background(cfg, sys.argv[1:] if argv is None else argv)
         return
@@ -160,8 +184,10 @@ def _mount(args: argparse.Namespace, argv: list[str] | None) -> None:
     from .daemon import serve
 
     ready_fd = args.ready_fd
+    told = False  # whether the parent (tierfs mount in the background) was answered
 
     def on_ready() -> None:
+        nonlocal told
         _write_pid(pid_file(cfg.mountpoint))
         logging.getLogger("tierfs").info("mounted %s on %s", cfg.source, cfg.mountpoint)
         # under a Type=notify unit: active only now that the mount answers
@@ -169,15 +195,22 @@ def _mount(args: argparse.Namespace, argv: list[str] | None) -> None:
         if ready_fd is not None:
             os.write(ready_fd, b"READY\n")
             os.close(ready_fd)
+            told = True
 
     try:
         trio.run(serve, cfg, on_ready)
     except TierfsError as exc:
         logging.getLogger("tierfs").error("%s", exc)
-        if ready_fd is not None:
+        if ready_fd is not None and not told:
             os.write(ready_fd, f"ERROR {exc}\n".encode())
             sys.exit(1)
         raise
+    except Exception as exc:  # a bug: the log says why the daemon stopped, with its traceback
+        logging.getLogger("tierfs").critical("the daemon stopped: internal error", exc_info=True)
+        why = " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
+        if ready_fd is not None and not told:
+            os.write(ready_fd, f"ERROR internal error: {why} (see the log)\n".encode())
+        sys.exit(1)
     finally:
         try:
             os.unlink(pid_file(cfg.mountpoint))
@@ -197,6 +230,8 @@ def _spawn_background(cfg: MountConfig, argv: list[str]) -> None:
     # the child checks again, but input errors are reported fastest from here
     check_mountpoint(cfg.mountpoint)
     prepare_cache_dir(cfg.effective_cache_dir)
+    if cfg.log_file:  # the child's log: a file it cannot write is reported here, not there
+        _log_file_handler(cfg.log_file).close()
     r, w = os.pipe()
     cmd = [sys.executable, "-m", "tierfs", *argv, "--foreground", "--ready-fd", str(w)]
     child = subprocess.Popen(cmd, pass_fds=(w,), stdin=subprocess.DEVNULL,
