@@ -653,6 +653,9 @@ class SlurmSettings(BaseModel):
     log_file: Annotated[str | None, BeforeValidator(
         lambda v: None if v in ("", None) else _abs_path(v))] = "/var/log/tierfs/slurm.log"
     scontrol: Path = "scontrol"
+    # the hooks use tierfs mounts made by root and by this user (name or uid; "": root only)
+    daemon_user: Annotated[str, AfterValidator(
+        lambda v: check_text(v, max_len=64, what="a user name"))] = ""
 
 
 def _abs_path(value: object) -> str:

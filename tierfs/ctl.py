@@ -335,7 +335,8 @@ def _unpin(args: argparse.Namespace) -> int:
         targets = [(m, {"paths": rels}) for m, rels in groups.items()]
     else:  # a job's pins, or all pins, on every tierfs mount of this node
         fields = {"job": args.job} if args.job else {"all": True}
-        targets = [(m, fields) for m in tierfs_mounts()]
+        targets = [(m, fields) for m in tierfs_mounts()
+                   if not args.mount or m.mountpoint in args.mount]
     for mount, fields in targets:
         try:
             res = request(mount, "unpin", **fields)
@@ -385,5 +386,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     u.add_argument("paths", nargs="*", metavar="PATH")
     u.add_argument("--job", metavar="ID", help="release this job's pins on every tierfs mount")
     u.add_argument("--all", action="store_true", help="release every pin on every tierfs mount")
+    u.add_argument("--mount", action="append", metavar="MOUNTPOINT",
+                   help="with --job/--all: only this mount (repeatable; the Slurm epilog)")
     u.add_argument("--json", action="store_true")
     u.set_defaults(run=_unpin)
