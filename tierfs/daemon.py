@@ -22,29 +22,15 @@ import trio
 
 from . import sdnotify
 from .backend import open_backend
-from .backend.runner import AsyncBackend
-from .cache import ChunkCache
-from .cache.disk import DiskTier
-from .cache.evictor import Evictor
-from .cache.memory import MemoryTier
 from .config import MountConfig
 from .control import ControlServer, prepare_socket_dir
+from .core import async_backend, build_core
 from .errors import BackendError, StartupError
-from .fetch import Fetcher
-from .fileio import FileIO
 from .fs import FuseOps
-from .meta import MetaStore
 from .metrics import Metrics
-from .namespace import Namespace
-from .prefetch import Prefetcher
 from .runpaths import control_socket
-from .tasks import Tasks
-from .warm import Warmer
-from .writeback import WriteBack
 
 log = logging.getLogger(__name__)
-
-BLOCK_SIZE = 64 << 10  # checksum unit: a 4 KiB read verifies 64 KiB; 512 B of CRCs per 8 MiB
 
 
 def check_mountpoint(path: str) -> None:
@@ -123,68 +109,43 @@ async def serve(cfg: MountConfig, on_ready: Callable[[], None]) -> None:
     check_mountpoint(cfg.mountpoint)
     cache_dir = cfg.effective_cache_dir
     lock_fd = lock_cache_dir(cache_dir)
+    try:
+        await _serve_locked(cfg, cache_dir, on_ready)
+    finally:
+        os.close(lock_fd)
+
+
+async def _serve_locked(cfg: MountConfig, cache_dir: str, on_ready: Callable[[], None]) -> None:
     prepare_socket_dir(control_socket(cfg.mountpoint))
     metrics = Metrics()
-    backend = AsyncBackend(open_backend(cfg), metrics, concurrency=cfg.backend_concurrency,
-                           background=cfg.readahead_chunks, warm=cfg.warm_concurrency)
+    backend = async_backend(cfg, open_backend(cfg), metrics)
     try:
         await backend.check()
     except BackendError as exc:
         raise StartupError(str(exc)) from None
-    meta = MetaStore(os.path.join(cache_dir, "index"), str(cfg.source))
-    disk = DiskTier(cache_dir, BLOCK_SIZE)
-    evictor = Evictor(cache_dir, cache_size=cfg.cache_size, min_free_ratio=cfg.min_free_ratio,
-                      high=cfg.evict_high, low=cfg.evict_low, half_life=cfg.heat_half_life)
-    cache = ChunkCache(meta, disk, MemoryTier(cfg.memory_cache_size), evictor, metrics)
-    kept, dropped = await trio.to_thread.run_sync(cache.recover)
-    log.info("cache dir %s: %d chunks (%d bytes) kept, %d dropped", cache_dir, kept,
-             cache.used_bytes, dropped)
-    if cfg.metrics_addr:
-        try:
-            metrics.serve(cfg.metrics_addr)
-        except OSError as exc:
-            raise StartupError(f"cannot serve metrics on {cfg.metrics_addr[0]}:"
-                               f"{cfg.metrics_addr[1]}: {exc.strerror}") from None
-    try:
-        async with trio.open_nursery() as nursery:
-            tasks = Tasks(nursery, metrics)
-            fetcher = Fetcher(backend, cache, cfg.chunk_size, tasks)
-            prefetcher = Prefetcher(fetcher, cache, metrics, tasks,
-                                    max_window=cfg.readahead_chunks,
-                                    max_queued=2 * cfg.readahead_chunks)
-            wb = WriteBack(meta, cache, backend, metrics, bucket=cfg.source.bucket,
-                           cache_dir=cache_dir, chunk_size=cfg.chunk_size,
-                           writeback=cfg.writeback, dirty_wait_s=cfg.dirty_wait,
-                           read_base=fetcher.read_through)
-            recovered = wb.recover()
-            if recovered:
-                log.info("%d files with unsaved writes recovered from the journal", recovered)
-            ns = Namespace(meta, backend, metrics, root_prefix=cfg.source.prefix,
-                           ttl_s=cfg.metadata_ttl, has_local_writes=wb.is_dirty,
-                           tasks=tasks)
-            fileio = FileIO(ns, cache, fetcher, prefetcher, metrics, bucket=cfg.source.bucket,
-                            writeback=wb, rename_max_objects=cfg.rename_max_objects)
-            ops = FuseOps(cfg, ns, fileio, cache, metrics)
-            warmer = Warmer(ns, cache, fetcher, metrics, bucket=cfg.source.bucket,
-                            has_local_writes=wb.is_dirty)
-            control = ControlServer(
-                control_socket(cfg.mountpoint), warmer, cache, metrics,
-                info={"mountpoint": cfg.mountpoint, "source": str(cfg.source),
-                      "cache_dir": cache_dir},
-                uploads_pending=wb.pending, warm_concurrency=cfg.warm_concurrency)
-            options = set(pyfuse3.default_options)
-            options |= {"fsname=tierfs", "subtype=tierfs", "default_permissions"}
-            if cfg.read_only:
-                options.add("ro")
-            if cfg.allow_other:
-                options.add("allow_other")
-            pyfuse3.init(ops, cfg.mountpoint, options)
+    async with build_core(cfg, backend, metrics=metrics) as core:
+        if cfg.metrics_addr:
             try:
-                nursery.start_soon(cache.run_flusher)
-                for _ in range(4):
-                    nursery.start_soon(wb.run_uploader)
-                nursery.start_soon(wb.abort_orphaned_uploads)
-                nursery.start_soon(_expire_pins, cache)
+                metrics.serve(cfg.metrics_addr)
+            except OSError as exc:
+                raise StartupError(f"cannot serve metrics on {cfg.metrics_addr[0]}:"
+                                   f"{cfg.metrics_addr[1]}: {exc.strerror}") from None
+        wb = core.writeback
+        control = ControlServer(
+            control_socket(cfg.mountpoint), core.warmer, core.cache, metrics,
+            info={"mountpoint": cfg.mountpoint, "source": str(cfg.source),
+                  "cache_dir": cache_dir},
+            uploads_pending=wb.pending, warm_concurrency=cfg.warm_concurrency)
+        ops = FuseOps(cfg, core.namespace, core.fileio, core.cache, metrics)
+        options = set(pyfuse3.default_options)
+        options |= {"fsname=tierfs", "subtype=tierfs", "default_permissions"}
+        if cfg.read_only:
+            options.add("ro")
+        if cfg.allow_other:
+            options.add("allow_other")
+        pyfuse3.init(ops, cfg.mountpoint, options)
+        try:
+            async with trio.open_nursery() as nursery:
                 await nursery.start(control.serve)
                 nursery.start_soon(_stop_on_signal)
                 nursery.start_soon(_announce_ready, cfg.mountpoint, on_ready)
@@ -197,21 +158,10 @@ async def serve(cfg: MountConfig, on_ready: Callable[[], None]) -> None:
                     log.warning("unsaved files remain; they are journaled and will be "
                                 "uploaded at the next mount of this cache dir")
                 nursery.cancel_scope.cancel()
-            finally:
-                pyfuse3.close(unmount=True)
-    finally:
-        with trio.CancelScope(shield=True):
-            await cache.flush_index()
-        meta.close()
-        os.close(lock_fd)
-        log.info("unmounted %s", cfg.mountpoint)
-
-
-async def _expire_pins(cache: ChunkCache, interval_s: float = 30.0) -> None:
-    while True:
-        for owner in cache.pins.expire():
-            log.info("pin of %s expired", owner)
-        await trio.sleep(interval_s)
+        finally:
+            pyfuse3.close(unmount=True)
+            log.info("unmounted %s", cfg.mountpoint)
+        core.cancel()
 
 
 async def _announce_ready(mountpoint: str, on_ready: Callable[[], None]) -> None:

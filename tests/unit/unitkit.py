@@ -12,22 +12,19 @@ import os
 from dataclasses import dataclass
 from typing import AsyncIterator, Callable
 
-import trio
-
 from tierfs.backend.base import Backend
 from tierfs.backend.file import FileBackend
-from tierfs.backend.runner import AsyncBackend
 from tierfs.cache import ChunkCache
 from tierfs.cache.disk import DiskTier
 from tierfs.cache.evictor import Evictor
 from tierfs.cache.memory import MemoryTier
+from tierfs.config import MountConfig, Source
+from tierfs.core import Core, build_core
 from tierfs.fetch import Fetcher
 from tierfs.fileio import FileIO
 from tierfs.meta import MetaStore
 from tierfs.metrics import Metrics
 from tierfs.namespace import Namespace
-from tierfs.prefetch import Prefetcher
-from tierfs.tasks import Tasks
 
 SOURCE = "file:///src"
 
@@ -103,7 +100,8 @@ def make_cache(root: str, *, cache_size: int, memory_bytes: int = 0, block_size:
 
 @dataclass
 class CoreRig:
-    """The read path of the daemon without the FUSE adapter, over a FileBackend."""
+    """The daemon's core without the FUSE adapter (tierfs/core.py), over a FileBackend
+    unless a backend was given."""
 
     src: str | None  # the FileBackend's directory, when the backend is one
     backend: Backend
@@ -113,6 +111,7 @@ class CoreRig:
     cache_rig: CacheRig
     metrics: Metrics
     clock: FakeClock
+    core: Core  # everything else build_core wired: writeback, warmer, tasks...
 
     def gets(self) -> float:
         return sample(self.metrics, "tierfs_backend_requests_total", {"op": "get"})
@@ -120,40 +119,51 @@ class CoreRig:
     def lists(self) -> float:
         return sample(self.metrics, "tierfs_backend_requests_total", {"op": "list"})
 
+    def internal_errors(self, task: str) -> float:
+        return sample(self.metrics, "tierfs_internal_errors_total", {"task": task})
+
+
+def core_config(tmp: str, *, source: Source, chunk_size: int = 64 << 10,
+                memory_bytes: int = 8 << 20, cache_size: int = 64 << 20, ttl_s: float = 60.0,
+                readahead: int = 4, **options: object) -> MountConfig:
+    """The MountConfig of an in-process core: cache dir TMP/cache, no mount point."""
+    return MountConfig(source=source, mountpoint=os.path.join(tmp, "mnt"),
+                       cache_dir=os.path.join(tmp, "cache"), chunk_size=chunk_size,
+                       memory_cache_size=memory_bytes, cache_size=cache_size,
+                       metadata_ttl=ttl_s, readahead_chunks=readahead, backend_concurrency=8,
+                       **options)  # type: ignore[arg-type]
+
 
 @contextlib.asynccontextmanager
 async def core(tmp: str, *, chunk_size: int = 64 << 10, block_size: int = 16 << 10,
                memory_bytes: int = 8 << 20, cache_size: int = 64 << 20, ttl_s: float = 60.0,
                readahead: int = 4, backend: Backend | None = None,
-               bucket: str | None = None, root_prefix: str = "") -> AsyncIterator[CoreRig]:
-    """Build the core as tierfs/daemon.py does: recover the cache dir, then a nursery with
-    the fetcher, prefetcher, namespace and fileio; on exit wait for background fills and
-    read-ahead, flush the chunk index and close it (as serve() does on unmount).
+               bucket: str | None = None, root_prefix: str = "",
+               statvfs: Callable[[str], os.statvfs_result] = plenty_of_space,
+               **options: object) -> AsyncIterator[CoreRig]:
+    """The core as the daemon builds it (tierfs.core.build_core), with a fake clock and
+    statvfs: the cache dir recovered, the journal recovered, background services running;
+    on exit the services stop, background fills and read-ahead finish, and the chunk
+    index is flushed and closed (as at unmount).
 
     The backend is a FileBackend on TMP/src unless one is given (the backend suite passes
-    an S3Backend); `src` is then None."""
+    an S3Backend, the fault tests a FaultBackend); `src` is then None. `options` are
+    further MountConfig fields (writeback=True, dirty_wait=...)."""
     src = None
     if backend is None:
         src = os.path.join(tmp, "src")
         os.makedirs(src, exist_ok=True)
         backend = FileBackend(src)
-        bucket = src
+        source = Source("file", src, "")
+    elif bucket is None or os.path.isabs(bucket):
+        source = Source("file", bucket or "/", "")
+    else:
+        source = Source("s3", bucket, root_prefix)
+    cfg = core_config(tmp, source=source, chunk_size=chunk_size, memory_bytes=memory_bytes,
+                      cache_size=cache_size, ttl_s=ttl_s, readahead=readahead, **options)
     clock = FakeClock()
-    rig = make_cache(os.path.join(tmp, "cache"), cache_size=cache_size,
-                     memory_bytes=memory_bytes, block_size=block_size, clock=clock)
-    metrics = rig.metrics
-    abackend = AsyncBackend(backend, metrics, concurrency=8, background=readahead)
-    try:
-        await trio.to_thread.run_sync(rig.cache.recover)
-        async with trio.open_nursery() as nursery:
-            tasks = Tasks(nursery, metrics)
-            fetcher = Fetcher(abackend, rig.cache, chunk_size, tasks)
-            prefetcher = Prefetcher(fetcher, rig.cache, metrics, tasks, max_window=readahead,
-                                    max_queued=2 * readahead)
-            ns = Namespace(rig.meta, abackend, metrics, root_prefix=root_prefix, ttl_s=ttl_s,
-                           clock=clock)
-            io = FileIO(ns, rig.cache, fetcher, prefetcher, metrics, bucket=bucket or "")
-            yield CoreRig(src, backend, ns, io, fetcher, rig, metrics, clock)
-        await rig.cache.flush_index()
-    finally:
-        rig.close()
+    async with build_core(cfg, backend, clock=clock, statvfs=statvfs, block_size=block_size,
+                          index_map_size=64 << 20) as c:
+        rig = CacheRig(cfg.effective_cache_dir, c.meta, c.disk, c.memory, c.evictor, c.cache,
+                       c.metrics, clock)
+        yield CoreRig(src, backend, c.namespace, c.fileio, c.fetcher, rig, c.metrics, clock, c)

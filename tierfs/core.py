@@ -1,0 +1,200 @@
+"""build_core: the object graph of a mount, without FUSE.
+
+The daemon and the in-process test harness (tests/unit/unitkit.py) build the core here,
+and only here, so what the tests drive is what the daemon runs: the chunk cache over its
+recovered cache dir, the fetcher and read-ahead, write-back with its journal recovered,
+the namespace, file I/O and warm, and the background services (index flusher, uploaders,
+orphaned-upload cleanup, pin expiry) under the `Tasks` supervisor.
+
+What stays in daemon.py is what needs a kernel or a process: mount point checks, the
+cache-dir lock, the control socket, pyfuse3, signals and the drain at unmount.
+
+Lifetime (`async with build_core(...) as core`):
+- one-shot background work (chunk fills, read-ahead, background listings) runs in the
+  outer nursery; a clean exit waits for it, so a test that closes the core finds every
+  fetched chunk stored;
+- the long-running services run in an inner nursery and are cancelled at exit;
+- `core.cancel()` (the daemon at unmount) cancels everything at once;
+- in every case the chunk index is flushed (shielded) and the index closed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import time
+from dataclasses import dataclass
+from typing import Any, AsyncIterator, Awaitable, Callable
+
+import trio
+
+from .backend.base import Backend
+from .backend.runner import AsyncBackend
+from .cache import ChunkCache
+from .cache.disk import DiskTier
+from .cache.evictor import Evictor
+from .cache.memory import MemoryTier
+from .config import MountConfig
+from .fetch import Fetcher
+from .fileio import FileIO
+from .meta import MetaStore
+from .metrics import Metrics
+from .namespace import Namespace
+from .prefetch import Prefetcher
+from .tasks import Tasks, sole_exception
+from .warm import Warmer
+from .writeback import WriteBack
+
+log = logging.getLogger(__name__)
+
+BLOCK_SIZE = 64 << 10  # checksum unit: a 4 KiB read verifies 64 KiB; 512 B of CRCs per 8 MiB
+UPLOADERS = 4  # files uploaded in parallel by the write-back workers
+PIN_EXPIRY_INTERVAL_S = 30.0
+
+
+class CoreTasks(Tasks):
+    """`Tasks` whose supervised services live in a nursery of their own.
+
+    One-shot work (`spawn`) goes to the outer nursery, which a clean close waits for;
+    services (`supervise`) go to the inner one, which a close cancels: they run forever,
+    so waiting for them would never end."""
+
+    def __init__(self, nursery: trio.Nursery, services: trio.Nursery, metrics: Metrics) -> None:
+        super().__init__(nursery, metrics)
+        self.services = services
+
+    def supervise(self, name: str, fn: Callable[..., Awaitable[Any]], *args: Any) -> None:
+        self.services.start_soon(self._forever, name, fn, args, name=name)
+
+
+@dataclass
+class Core:
+    cfg: MountConfig
+    metrics: Metrics
+    backend: AsyncBackend
+    meta: MetaStore
+    disk: DiskTier
+    evictor: Evictor
+    memory: MemoryTier
+    cache: ChunkCache
+    tasks: CoreTasks
+    fetcher: Fetcher
+    prefetcher: Prefetcher
+    writeback: WriteBack
+    namespace: Namespace
+    fileio: FileIO
+    warmer: Warmer
+    chunks_kept: int  # by the cache recovery at start
+    chunks_dropped: int
+    files_recovered: int  # journaled files with unsaved writes, queued for upload
+
+    def cancel(self) -> None:
+        """Stop every background task now (the daemon at unmount, after its drain)."""
+        self.tasks.nursery.cancel_scope.cancel()
+
+
+def async_backend(cfg: MountConfig, backend: Backend | AsyncBackend,
+                  metrics: Metrics) -> AsyncBackend:
+    """The backend behind the limiters and metrics the core expects (as the daemon sizes them)."""
+    if isinstance(backend, AsyncBackend):
+        return backend
+    return AsyncBackend(backend, metrics, concurrency=cfg.backend_concurrency,
+                        background=cfg.readahead_chunks, warm=cfg.warm_concurrency)
+
+
+@contextlib.asynccontextmanager
+async def build_core(cfg: MountConfig, backend: Backend | AsyncBackend, *,
+                     metrics: Metrics | None = None,
+                     clock: Callable[[], float] = time.time,
+                     statvfs: Callable[[str], os.statvfs_result] = os.statvfs,
+                     block_size: int = BLOCK_SIZE,
+                     index_map_size: int | None = None) -> AsyncIterator[Core]:
+    """Build the core of a mount of `cfg` over `backend`, run its background services,
+    and take it down at exit (see the module docstring). `clock`, `statvfs`, `block_size`
+    and `index_map_size` are seams for tests; the daemon leaves them alone."""
+    metrics = metrics if metrics is not None else (
+        backend.metrics if isinstance(backend, AsyncBackend) else Metrics())
+    abackend = async_backend(cfg, backend, metrics)
+    cache_dir = cfg.effective_cache_dir
+    meta_kw = {} if index_map_size is None else {"map_size": index_map_size}
+    meta = MetaStore(os.path.join(cache_dir, "index"), str(cfg.source), **meta_kw)
+    try:
+        disk = DiskTier(cache_dir, block_size)
+        evictor = Evictor(cache_dir, cache_size=cfg.cache_size, min_free_ratio=cfg.min_free_ratio,
+                          high=cfg.evict_high, low=cfg.evict_low, half_life=cfg.heat_half_life,
+                          statvfs=statvfs)
+        memory = MemoryTier(cfg.memory_cache_size)
+        cache = ChunkCache(meta, disk, memory, evictor, metrics, clock=clock)
+        kept, dropped = await trio.to_thread.run_sync(cache.recover)
+        log.info("cache dir %s: %d chunks (%d bytes) kept, %d dropped", cache_dir, kept,
+                 cache.used_bytes, dropped)
+        try:
+            async with trio.open_nursery() as work:
+                async with trio.open_nursery() as services:
+                    tasks = CoreTasks(work, services, metrics)
+                    core = _wire(cfg, metrics, abackend, meta, disk, evictor, memory, cache,
+                                 tasks, clock, kept, dropped)
+                    _start_services(core)
+                    yield core
+                    services.cancel_scope.cancel()
+        except BaseExceptionGroup as group:
+            # the nurseries wrap what the caller's body raised; give it back as it was
+            # raised (a StartupError stays catchable as one). Tasks never raise here.
+            exc = sole_exception(group)
+            if exc is group:
+                raise
+            raise exc from exc.__cause__  # keeps its own cause, drops the group as context
+        finally:
+            with trio.CancelScope(shield=True):
+                await cache.flush_index()
+    finally:
+        meta.close()
+
+
+def _wire(cfg: MountConfig, metrics: Metrics, backend: AsyncBackend, meta: MetaStore,
+          disk: DiskTier, evictor: Evictor, memory: MemoryTier, cache: ChunkCache,
+          tasks: CoreTasks, clock: Callable[[], float], kept: int, dropped: int) -> Core:
+    fetcher = Fetcher(backend, cache, cfg.chunk_size, tasks)
+    prefetcher = Prefetcher(fetcher, cache, metrics, tasks, max_window=cfg.readahead_chunks,
+                            max_queued=2 * cfg.readahead_chunks)
+    wb = WriteBack(meta, cache, backend, metrics, bucket=cfg.source.bucket,
+                   cache_dir=cfg.effective_cache_dir, chunk_size=cfg.chunk_size,
+                   writeback=cfg.writeback, dirty_wait_s=cfg.dirty_wait,
+                   read_base=fetcher.read_through, clock=clock)
+    recovered = wb.recover()
+    if recovered:
+        log.info("%d files with unsaved writes recovered from the journal", recovered)
+    ns = Namespace(meta, backend, metrics, root_prefix=cfg.source.prefix,
+                   ttl_s=cfg.metadata_ttl, clock=clock, has_local_writes=wb.is_dirty,
+                   tasks=tasks)
+    fileio = FileIO(ns, cache, fetcher, prefetcher, metrics, bucket=cfg.source.bucket,
+                    writeback=wb, rename_max_objects=cfg.rename_max_objects)
+    warmer = Warmer(ns, cache, fetcher, metrics, bucket=cfg.source.bucket,
+                    has_local_writes=wb.is_dirty)
+    return Core(cfg, metrics, backend, meta, disk, evictor, memory, cache, tasks, fetcher,
+                prefetcher, wb, ns, fileio, warmer, kept, dropped, recovered)
+
+
+def _start_services(core: Core) -> None:
+    """The long-running tasks beside the FUSE loop; a failure restarts them (Tasks)."""
+    tasks = core.tasks
+    tasks.supervise("flusher", core.cache.run_flusher)
+    for _ in range(UPLOADERS):
+        tasks.supervise("uploader", core.writeback.run_uploader)
+    tasks.supervise("orphan-cleanup", _then_idle, core.writeback.abort_orphaned_uploads)
+    tasks.supervise("pin-expiry", _expire_pins, core.cache)
+
+
+async def _then_idle(fn: Callable[[], Awaitable[None]]) -> None:
+    """Run a job that finishes, then stay: to the supervisor a return means a bug, a raise
+    means run it again (after backoff) - which is what a failed cleanup wants."""
+    await fn()
+    await trio.sleep_forever()
+
+
+async def _expire_pins(cache: ChunkCache, interval_s: float = PIN_EXPIRY_INTERVAL_S) -> None:
+    while True:
+        for owner in cache.pins.expire():
+            log.info("pin of %s expired", owner)
+        await trio.sleep(interval_s)
