@@ -87,6 +87,17 @@ class PreconditionFailed(BackendError):
     """If-Match failed: the object changed since its ETag was cached."""
 
 
+class StoreDown(TierfsError):
+    """Refused without sending a request: the object store is known to be unreachable
+    (tierfs/health.py probes it until it answers). Not a BackendError: nothing was asked,
+    so there is nothing new to log or count per request."""
+
+
+class RecentFailure(TierfsError):
+    """The same chunk failed a moment ago (tierfs/fetch.py): the kernel's immediate
+    re-asks of a failed read get EIO at once instead of waiting out the retries again."""
+
+
 class StaleObject(TierfsError):
     """An open file's object was replaced after bytes of the old version were served."""
 

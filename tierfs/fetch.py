@@ -4,6 +4,13 @@ Singleflight: the first caller for a chunk fetches it; later callers wait for th
 and take its bytes. If the first caller fails or is cancelled, each waiter tries for
 itself, so a cancelled FUSE request never strands the others. Ranged GETs carry If-Match
 on the ETag the chunk key was made from, so a chunk is always bytes of that version.
+
+A reader's GET that failed is remembered for FAILED_MEMO_S: the kernel asks again for a
+read that failed (about three times per read() call, and each page of a read-ahead
+window), and those immediate re-asks get the same errno at once instead of each waiting
+out the backend's timeouts and retries again. A success clears it; a read after the memo
+has expired tries the store again. Fast failures (StoreDown: the store is known down) and
+changed objects (PreconditionFailed, which the reader handles) are not remembered.
 The peer tier (chunks from other nodes) will slot in here, before the backend.
 """
 
@@ -13,7 +20,11 @@ import trio
 
 from .backend.runner import AsyncBackend
 from .cache import ChunkCache, ObjectVersion
-from .errors import CacheUnwritable, PreconditionFailed
+from .errors import BackendError, CacheUnwritable, PreconditionFailed, RecentFailure
+
+# long enough to cover the kernel's immediate re-asks of a failed read, short enough that
+# an application that retries by itself a little later meets the store again
+FAILED_MEMO_S = 3.0
 from .tasks import Tasks
 
 
@@ -33,6 +44,9 @@ class Fetcher:
         self.chunk_size = chunk_size
         self._tasks = tasks
         self._flights: dict[bytes, _Flight] = {}
+        # chunk -> (when a reader's GET of it failed, what failed): see FAILED_MEMO_S
+        self._failed: dict[bytes, tuple[float, BackendError]] = {}
+        self.failed_memo_s = FAILED_MEMO_S
         # bounds the fetched bytes waiting for the disk tier: backpressure, not a pile-up
         self._disk_writes = trio.Semaphore(disk_writers)
 
@@ -54,13 +68,38 @@ class Fetcher:
                 # a shorter or longer body than the listed size: the object changed
                 raise PreconditionFailed(f"get {obj.key!r}: size differs from the listing")
             flight.data = data
-        except BaseException:
+        except BaseException as exc:
             del self._flights[ckey]
             flight.stored.set()
+            if (not background and isinstance(exc, BackendError)
+                    and not isinstance(exc, PreconditionFailed)):
+                self._remember_failure(ckey, exc)
             raise
         finally:
             flight.done.set()
+        self._failed.pop(ckey, None)
         return flight, data
+
+    def _remember_failure(self, ckey: bytes, exc: BackendError) -> None:
+        now = trio.current_time()
+        if len(self._failed) >= 1024:  # an outage over many chunks: keep only the live ones
+            self._failed = {k: v for k, v in self._failed.items()
+                            if now - v[0] < self.failed_memo_s}
+        self._failed[ckey] = (now, exc)
+
+    def _recent_failure(self, obj: ObjectVersion, index: int, ckey: bytes) -> None:
+        """Raise RecentFailure if a reader's GET of this chunk failed within the memo."""
+        entry = self._failed.get(ckey)
+        if entry is None:
+            return
+        age = trio.current_time() - entry[0]
+        if age >= self.failed_memo_s:
+            del self._failed[ckey]
+            return
+        err = RecentFailure(f"get {obj.key!r} at {index * self.chunk_size} failed {age:.1f}s "
+                            f"ago ({entry[1]}); not asked again before {self.failed_memo_s:g}s")
+        err.errno = entry[1].errno  # the re-ask gets what the first ask got
+        raise err
 
     async def chunk(self, obj: ObjectVersion, index: int, *, background: bool = False,
                     access: bool = False) -> bytes:
@@ -83,6 +122,7 @@ class Fetcher:
                 hit = await self.cache.read(ckey, 0, last, touch=False)
                 if hit is not None:
                     return hit[0]
+        self._recent_failure(obj, index, ckey)  # read-ahead does not hammer it either
         flight, data = await self._get(obj, index, ckey, background=background)
         self.cache.remember(ckey, data)
         # the flight (holding the bytes) stays until the disk tier has the chunk: with a

@@ -6,6 +6,12 @@ directory; keys that cannot be paths (empty segments, '.', '..', segments over 2
 bytes) are hidden, counted and logged once. Within metadata_ttl every answer comes from
 LMDB; a complete listing also answers "no such name" (negative caching) for its
 directory, and targeted lookups remember misses in a TTL cache.
+
+Stale-on-error (as HTTP caches do): past the TTL, a revalidation (LIST, HEAD) that fails
+because the store does not answer serves what the index holds - the directory's last
+listing, the entry last seen - with one WARNING per directory per outage, not one per
+lookup. Only what was never seen fails (EIO). An answer of the store (404, 403, 412) is
+never overridden.
 """
 
 from __future__ import annotations
@@ -19,15 +25,23 @@ from cachetools import TTLCache
 
 from .backend.base import ObjectMeta
 from .backend.runner import AsyncBackend
-from .errors import (InvalidArgument, IsADirectory, NotADirectory, NotEmpty, NotFound,
+from .errors import (AccessDenied, BackendError, InvalidArgument, IsADirectory, NoSuchBucket,
+                     NotADirectory, NotEmpty, NotFound, PreconditionFailed, StoreDown,
                      TierfsError)
 from .meta import DIR, FILE, ROOT_INO, SYMLINK, Inode, MetaStore
 from .metrics import Metrics
-from .tasks import Tasks
+from .tasks import Tasks, leaves
 
 log = logging.getLogger(__name__)
 
 MAX_NAME = 255
+
+
+def _no_answer(exc: BaseException) -> bool:
+    """The store failed to answer (unreachable, timing out, 5xx after retries, known down):
+    what stale-on-error covers. Answers such as 404 or 403 are not."""
+    return (isinstance(exc, (BackendError, StoreDown))
+            and not isinstance(exc, (AccessDenied, NoSuchBucket, PreconditionFailed)))
 
 
 class Namespace:
@@ -49,6 +63,13 @@ class Namespace:
         self._negative: TTLCache = TTLCache(maxsize=100_000, ttl=max(ttl_s, 0.001), timer=clock)
         self._logged_invalid: set[str] = set()
         self._listing_locks: dict[int, trio.Lock] = {}
+        # the last failed listing of each directory: readers queued behind it serve stale
+        # entries instead of each waiting out the retries again
+        self._list_failed: dict[int, TierfsError] = {}
+        # directory -> the outage in which "serving stale" was logged for it (counted by
+        # the health's recoveries, so the failure that makes the store suspect and the
+        # refusals once it is known down are one outage)
+        self._stale_logged: dict[int, int] = {}
 
     def _fresh(self, stamp: float | None) -> bool:
         return stamp is not None and self._clock() - stamp < self.ttl_s
@@ -80,13 +101,41 @@ class Namespace:
     async def listdir(self, ino: int) -> list[tuple[bytes, Inode]]:
         """All children of a directory in stable order, listing the backend if stale."""
         d = self._dir(ino)
-        if not self._fresh(self.meta.dir_listed_at(ino)):
+        listed_at = self.meta.dir_listed_at(ino)
+        if not self._fresh(listed_at):
             lock = self._listing_locks.setdefault(ino, trio.Lock())
-            async with lock:  # one LIST walk per directory, however many readers
-                if not self._fresh(self.meta.dir_listed_at(ino)):
-                    await self._list_into(d)
-            self._listing_locks.pop(ino, None)
+            failed_before = self._list_failed.get(ino)
+            try:
+                async with lock:  # one LIST walk per directory, however many readers
+                    failed = self._list_failed.get(ino)
+                    if failed is not None and failed is not failed_before:
+                        raise failed  # it failed while we waited: do not wait it out again
+                    if not self._fresh(self.meta.dir_listed_at(ino)):
+                        try:
+                            await self._list_into(d)
+                        except TierfsError as exc:
+                            self._list_failed[ino] = exc
+                            raise
+                        self._list_failed.pop(ino, None)
+            except TierfsError as exc:
+                if listed_at is None or not _no_answer(exc):
+                    raise  # never listed: nothing to serve
+                self._serving_stale(ino, exc)
+            finally:
+                self._listing_locks.pop(ino, None)
         return self.meta.children(ino)
+
+    def _serving_stale(self, dir_ino: int, exc: BaseException) -> None:
+        """Stale-on-error: say so once per directory and outage."""
+        health = getattr(self.backend, "health", None)
+        outage = health.recoveries if health is not None else 0  # the same until it is back
+        if self._stale_logged.get(dir_ino) == outage:
+            return
+        self._stale_logged[dir_ino] = outage
+        d = self.meta.inode(dir_ino)
+        where = "/" + (d.key.removeprefix(self.root_prefix) if d and dir_ino != ROOT_INO else "")
+        log.warning("cannot revalidate %s (%s): serving its cached entries until the store "
+                    "answers", where, exc)
 
     async def _list_into(self, d: Inode) -> None:
         prefix = d.key
@@ -114,6 +163,7 @@ class Namespace:
         entries += [(n.encode(), FILE, s, m, e, k) for n, (s, m, e, k) in files.items()
                     if n not in dirs]  # a name that is both: the directory wins
         self.meta.store_listing(d.ino, entries, now, keep=self._local, since=started)
+        self._stale_logged.pop(d.ino, None)
 
     async def lookup(self, parent: int, name: bytes) -> Inode:
         d = self._dir(parent)
@@ -134,7 +184,17 @@ class Namespace:
         if (parent, name) in self._negative:
             raise NotFound(f"{d.key}{sname}")
         self._list_in_background(parent)
-        return await self._lookup_remote(d, sname, name)
+        try:
+            return await self._lookup_remote(d, sname, name)
+        except TierfsError as exc:
+            if not _no_answer(exc):
+                raise
+            if node is None and self.meta.dir_listed_at(parent) is None:
+                raise  # never seen: EIO
+            self._serving_stale(parent, exc)
+            if node is None:  # the directory's last listing has no such name
+                raise NotFound(f"{d.key}{sname}") from None
+            return node
 
     def _list_in_background(self, ino: int) -> None:
         """A lookup in an unlisted directory: answer it with two one-key LISTs now, and
@@ -167,9 +227,17 @@ class Namespace:
             if page.objects and page.objects[0].key == key:
                 found["file"] = page.objects[0]
 
-        async with trio.open_nursery() as n:
-            n.start_soon(as_dir)
-            n.start_soon(as_file)
+        try:
+            async with trio.open_nursery() as n:
+                n.start_soon(as_dir)
+                n.start_soon(as_file)
+        except BaseExceptionGroup as group:
+            # both LISTs fail alike when the store is down; the caller wants the TierfsError
+            errors = [e for e in leaves(group) if not isinstance(e, trio.Cancelled)]
+            if errors and all(isinstance(e, TierfsError) for e in errors):
+                raise errors[0] from None
+            raise
+        self._stale_logged.pop(d.ino, None)
         now = self._clock()
         if found.get("dir"):
             return self.meta.upsert(d.ino, name, DIR, 0, now, "", key + "/", now)
@@ -190,6 +258,11 @@ class Namespace:
         except NotFound:
             self.meta.remove(node.parent, node.key.rpartition("/")[2].encode())
             raise
+        except TierfsError as exc:
+            if not _no_answer(exc):
+                raise
+            self._serving_stale(node.parent, exc)
+            return node  # what was last seen: its cached chunks can still be read
         node.size, node.mtime, node.etag = meta.size, meta.mtime, meta.etag
         node.validated_at = self._clock()
         self.meta.set_validated(node)

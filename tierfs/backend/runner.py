@@ -22,6 +22,7 @@ from typing import Callable, TypeVar
 import trio
 
 from ..errors import BackendError
+from ..health import BackendHealth
 from ..metrics import Metrics
 from .base import Backend, ListPage, ObjectMeta
 
@@ -41,12 +42,18 @@ class AsyncBackend:
         self._warm_width = warm
         self._busy = 0  # requests in flight on the other lanes
         self._quiet_since = 0.0
+        # degraded mode (tierfs/health.py): refuses requests while the store is known down
+        # and learns from each outcome; set by the daemon, None in bare unit tests
+        self.health: BackendHealth | None = None
 
     async def _call(self, op: str, fn: Callable[[], T], background: bool,
                     warm: bool = False) -> T:
+        if self.health is not None:
+            self.health.admit(op)  # StoreDown at once, before taking a thread or queuing
         m = self.metrics
         m.backend_requests.labels(op).inc()
         t0 = time.perf_counter()
+        failed: BaseException | None = None  # the outcome, for the health
         try:
             if warm:
                 try:
@@ -63,11 +70,17 @@ class AsyncBackend:
             finally:
                 self._busy -= 1
                 self._quiet_since = trio.current_time()
-        except BackendError:
+        except BackendError as exc:
+            failed = exc
             m.backend_errors.labels(op).inc()
+            raise
+        except BaseException as exc:
+            failed = exc
             raise
         finally:
             m.backend_seconds.labels(op).observe(time.perf_counter() - t0)
+            if self.health is not None:
+                self.health.observe(failed)
 
     def _maybe_widen_warm(self) -> None:
         # checked as each warm request ends: at least one always runs, so this is reached
