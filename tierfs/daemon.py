@@ -11,7 +11,6 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import errno
-import fcntl
 import logging
 import os
 import signal
@@ -22,10 +21,13 @@ import trio
 
 from . import sdnotify
 from .backend import open_backend
+from .backend.runner import AsyncBackend
+from .cachedir import lock_cache_dir, prepare_cache_dir  # noqa: F401 - cli imports it here
 from .config import MountConfig
 from .control import ControlServer, prepare_socket_dir
 from .core import async_backend, build_core
 from .errors import BackendError, StartupError
+from .health import PROBE_TIMEOUT_S, BackendHealth
 from .fs import FuseOps
 from .metrics import Metrics
 from .runpaths import control_socket
@@ -49,33 +51,6 @@ def check_mountpoint(path: str) -> None:
         raise StartupError(f"mount point {path} is already mounted")
     if os.listdir(path):
         raise StartupError(f"mount point {path} is not empty")
-
-
-def prepare_cache_dir(path: str) -> None:
-    """Create the cache dir and prove it is writable."""
-    try:
-        os.makedirs(path, exist_ok=True)
-        probe = os.path.join(path, ".write-test")
-        with open(probe, "wb") as f:
-            f.write(b"ok")
-        os.unlink(probe)
-    except OSError as exc:
-        raise StartupError(f"cache dir {path} is not writable: {exc.strerror}") from None
-
-
-def lock_cache_dir(path: str) -> int:
-    """Lock the cache dir for this daemon; returns the lock fd (held for life)."""
-    prepare_cache_dir(path)
-    fd = os.open(os.path.join(path, "lock"), os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        owner = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
-        os.close(fd)
-        raise StartupError(f"cache dir {path} is in use by another tierfs (pid {owner})") from None
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-    return fd
 
 
 def _bound_malloc() -> None:
@@ -119,10 +94,11 @@ async def _serve_locked(cfg: MountConfig, cache_dir: str, on_ready: Callable[[],
     prepare_socket_dir(control_socket(cfg.mountpoint))
     metrics = Metrics()
     backend = async_backend(cfg, open_backend(cfg), metrics)
-    try:
-        await backend.check()
-    except BackendError as exc:
-        raise StartupError(str(exc)) from None
+    # degraded mode probes with one attempt and short timeouts, on a client of its own
+    probe = cfg.model_copy(update={"backend_timeout": PROBE_TIMEOUT_S, "backend_retries": 1,
+                                   "backend_concurrency": 1, "warm_concurrency": 1})
+    health = backend.health = BackendHealth(metrics, open_backend(probe).check)
+    await _check_store(cfg, cache_dir, backend, health)
     async with build_core(cfg, backend, metrics=metrics) as core:
         if cfg.metrics_addr:
             try:
@@ -162,6 +138,22 @@ async def _serve_locked(cfg: MountConfig, cache_dir: str, on_ready: Callable[[],
             pyfuse3.close(unmount=True)
             log.info("unmounted %s", cfg.mountpoint)
         core.cancel()
+
+
+async def _check_store(cfg: MountConfig, cache_dir: str, backend: AsyncBackend,
+                       health: BackendHealth) -> None:
+    """The bucket check before mounting. A cache dir with an index from an earlier mount has
+    something to serve: if the store does not answer within --startup-timeout, the mount
+    starts degraded (tierfs/health.py: the cache is served, the store probed until it
+    answers). Without an index there is nothing to serve, and any failure is the one
+    start-up error line."""
+    try:
+        if os.path.exists(os.path.join(cache_dir, "index", "data.mdb")):
+            await health.start(backend.sync.check, cfg.startup_timeout)
+        else:
+            await backend.check()
+    except BackendError as exc:
+        raise StartupError(str(exc)) from None
 
 
 async def _announce_ready(mountpoint: str, on_ready: Callable[[], None]) -> None:

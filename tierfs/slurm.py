@@ -6,44 +6,56 @@ any other text of the comment (docs/slurm.md):
     tierfs:warm=/data/imagenet,/ckpt/run42     paths or globs, comma-separated, absolute
     tierfs:manifest=/home/alice/run42.warm     a manifest: one path or glob a line, # comments
 
-The prolog (run by slurmd as root) reads the comment from SLURM_JOB_COMMENT, or asks
-`scontrol show job` where slurmd does not export it, reads each manifest *as the job's user*
-and keeps only the paths that user can read (root must not read or warm for a job what its
-user cannot), then runs `tierfs warm --manifest ... --job ID` in a subprocess (this module
-knows nothing of the control protocol). The epilog runs `tierfs unpin --job ID`.
+The prolog runs as root, the job as its user: the hook is a privilege boundary. Root reads
+the comment from SLURM_JOB_COMMENT (or asks `scontrol show job` where slurmd does not export
+it); everything the comment names - manifests, paths, globs, symlinks and `..` on the way -
+is resolved in a child running as the job's uid and groups (tierfs.asuser), which answers
+with the real paths that user can read; root then warms only those, and only on tierfs
+mounts that root (or the site's `daemon_user`) mounted, through `tierfs warm` in a
+subprocess (this module knows nothing of the control protocol). One deadline, the
+`timeout` setting, covers every step: the child and the warm are killed at it. The epilog
+runs `tierfs unpin --job ID` against each trusted mount on its own, in parallel, under the
+same kind of deadline, so one bad mount does not keep the others' pins.
 
 Best-effort by default: a prolog that exits non-zero drains the node, so a failed warm is
 logged and the prolog exits 0 (the job then reads from the bucket); `strict = true` in the
-site settings makes it exit 1. One line per job outcome goes to the log file and to stderr,
-never a traceback.
+site settings makes it exit 1. One line per job outcome goes to the log file (0600) and to
+stderr, control characters escaped, never a traceback.
 """
 
 from __future__ import annotations
 
 import argparse
+import glob
 import json
 import os
 import pwd
 import re
+import stat
 import subprocess
 import sys
 import syslog
 import tempfile
 import time
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from .config import format_size, parse_bool, parse_duration, parse_size
-from .ctl import locate, tierfs_mounts  # where the mounts are; the protocol stays in ctl
+from . import asuser
+from .asuser import AsUserError, DeadlineExceeded, Identity, Lookup, Readable
+from .asuser import parse_manifest, search_root  # noqa: F401 - part of this module's API
+from .config import SlurmSettings, check_job_id, format_size, slurm_settings
 from .errors import UsageError
+from .mountinfo import Mount, mounts as all_mounts
 
 CONFIG_ENV = "TIERFS_SLURM_CONFIG"
 CONFIG_NAME = "tierfs-slurm.toml"  # beside slurm.conf, as Slurm's own cgroup.conf, gres.conf
-MANIFEST_MAX_BYTES = 1 << 20  # a manifest is a list of paths; more is a mistake (or /dev/zero)
 # the Prolog runs with no PATH at all (slurmd sets none): our children get this one
 SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+TIERFS_FSTYPE = "fuse.tierfs"
+MAX_UID = (1 << 32) - 2  # (uid_t)-1 means "no change" to the kernel
 _TOKEN_RE = re.compile(r"(?<!\S)tierfs:([A-Za-z_-]+)=(\S*)")
-_GLOB_CHARS = "*?["
+
+Settings = SlurmSettings  # the site settings, one schema with the mount options (config.py)
 
 
 class DeclarationError(UsageError):
@@ -83,21 +95,6 @@ def parse_comment(comment: str) -> Declared:
     return Declared(tuple(paths), tuple(manifests), tuple(errors))
 
 
-def parse_manifest(text: str, origin: str) -> tuple[list[str], list[str]]:
-    """(paths, errors) of a manifest: one absolute path or glob a line; lines starting with
-    '#' and blank lines are skipped."""
-    paths, errors = [], []
-    for number, raw in enumerate(text.splitlines(), 1):
-        line = raw.strip()
-        if not line or line.startswith("#"):
-            continue
-        if line.startswith("/"):
-            paths.append(line)
-        else:
-            errors.append(f"{origin}:{number}: not an absolute path: {line!r}")
-    return paths, errors
-
-
 def comment_from_scontrol(text: str) -> str:
     """The Comment= value of `scontrol show job ID` (multi-line form: Comment is on its own
     line there, so a comment with spaces or '=' is not confused with the next field)."""
@@ -109,27 +106,7 @@ def comment_from_scontrol(text: str) -> str:
     return ""
 
 
-def search_root(path: str) -> str:
-    """The part of a path or glob that exists before any pattern: the glob's parent folder
-    (/data/in/train-*.tar -> /data/in), the path itself when it has no pattern."""
-    cut = min((path.find(c) for c in _GLOB_CHARS if c in path), default=-1)
-    if cut < 0:
-        return path
-    return path[:cut].rsplit("/", 1)[0] or "/"
-
-
 # ----------------------------------------------------------------------------- settings
-@dataclass(frozen=True)
-class Settings:
-    strict: bool = False  # True: a failed warm exits 1 and Slurm drains the node
-    pin_ttl: float | None = 7 * 86400.0  # pins end by themselves if an epilog never runs
-    timeout: float = 300.0  # for the whole prolog; keep it under PrologEpilogTimeout
-    max_bytes: int = 0  # a job may warm and pin at most this much per node (0: no limit)
-    log_file: str | None = "/var/log/tierfs/slurm.log"
-    scontrol: str = "scontrol"
-    source: str = field(default="defaults", compare=False)
-
-
 def config_path(explicit: str | None) -> str:
     """--config, else $TIERFS_SLURM_CONFIG, else tierfs-slurm.toml in the folder of the
     slurm.conf slurmd uses (it passes SLURM_CONF to its hooks)."""
@@ -150,38 +127,25 @@ def load_settings(path: str, must_exist: bool = False) -> Settings:
         return Settings()
     except (OSError, tomllib.TOMLDecodeError) as exc:
         raise UsageError(f"{path}: {exc}") from None
-    known = {"strict", "pin_ttl", "timeout", "max_bytes", "log_file", "scontrol"}
-    unknown = sorted(set(data) - known)
-    if unknown:
-        raise UsageError(f"{path}: unknown setting {unknown[0]!r} "
-                         f"(known: {', '.join(sorted(known))})")
+    settings = slurm_settings(data, f"{path}: ")
+    trusted_uids(settings, path)  # an unknown daemon_user is the file's error, found now
+    return settings
+
+
+def trusted_uids(settings: Settings, origin: str = "daemon_user") -> frozenset[int]:
+    """The owners of the mounts the hooks talk to: root, and the site's daemon_user (for
+    mounts a systemd unit runs as a user of their own). A user's own tierfs mount is
+    never one of them: its socket, and so its answers, are that user's."""
+    name = getattr(settings, "daemon_user", "") or ""
+    if not name:
+        return frozenset({0})
     try:
-        return _settings_from(data, path)
-    except UsageError as exc:
-        raise UsageError(f"{path}: {exc}") from None
-
-
-def _settings_from(data: dict, path: str) -> Settings:
-    kw: dict[str, object] = {"source": path}
-    if "strict" in data:
-        kw["strict"] = parse_bool(data["strict"], "strict")
-    if "pin_ttl" in data:
-        ttl = data["pin_ttl"]
-        kw["pin_ttl"] = None if ttl in ("", 0, "0", False) else parse_duration(ttl, "pin_ttl")
-    if "timeout" in data:
-        kw["timeout"] = parse_duration(data["timeout"], "timeout")
-        if kw["timeout"] <= 0:
-            raise UsageError("timeout must be more than 0")
-    if "max_bytes" in data:
-        kw["max_bytes"] = parse_size(data["max_bytes"], "max_bytes")
-    for name in ("log_file", "scontrol"):
-        if name in data:
-            if not isinstance(data[name], str):
-                raise UsageError(f"{name} must be a string")
-            kw[name] = data[name]
-    if kw.get("log_file") == "":  # log_file = "": stderr only
-        kw["log_file"] = None
-    return Settings(**kw)  # type: ignore[arg-type]
+        uid = int(name) if name.isdigit() else pwd.getpwnam(name).pw_uid
+    except KeyError:
+        raise UsageError(f"{origin}: daemon_user {name!r}: no such user") from None
+    if uid > MAX_UID:
+        raise UsageError(f"{origin}: daemon_user {name!r} is not a uid")
+    return frozenset({0, uid})
 
 
 # ----------------------------------------------------------------------------- the job
@@ -194,102 +158,134 @@ class Job:
 
     @classmethod
     def from_env(cls, env: os._Environ[str] | dict[str, str]) -> "Job":
-        job_id = env.get("SLURM_JOB_ID", "")
-        if not job_id.isdigit():
+        raw = env.get("SLURM_JOB_ID", "")
+        if not raw:
             raise UsageError("SLURM_JOB_ID is not set: run this as slurmd's Prolog=/Epilog=")
+        try:
+            job_id = check_job_id(raw)
+        except ValueError as exc:
+            raise UsageError(f"SLURM_JOB_ID {escape(raw[:40])!r}: {exc}") from None
         try:
             uid = int(env["SLURM_JOB_UID"])
             gid = int(env.get("SLURM_JOB_GID") or pwd.getpwuid(uid).pw_gid)
         except (KeyError, ValueError):
             raise UsageError("SLURM_JOB_UID is not set or not a number") from None
+        if not (0 <= uid <= MAX_UID and 0 <= gid <= MAX_UID):
+            raise UsageError("SLURM_JOB_UID or SLURM_JOB_GID is out of range")
         user = env.get("SLURM_JOB_USER") or str(uid)
         return cls(job_id, user, uid, gid)
 
-
-def _as_user(job: Job, argv: list[str], stdin: str = "", timeout: float = 30.0):
-    """Run argv with the job user's uid, gid and groups (when we are root), so what it
-    reads is what the job itself could read. A hung file system is a DeclarationError."""
-    drop: dict[str, object] = {}
-    if os.geteuid() == 0 and job.uid != 0:
-        try:
-            groups = os.getgrouplist(job.user, job.gid)
-        except (KeyError, OSError):  # a uid without a passwd entry: its primary group only
-            groups = [job.gid]
-        drop = {"user": job.uid, "group": job.gid, "extra_groups": groups}
-    try:
-        return subprocess.run(argv, input=stdin, capture_output=True, text=True,
-                              errors="replace", timeout=timeout, cwd="/",
-                              env={"PATH": SAFE_PATH, "LC_ALL": "C"},
-                              **drop)  # type: ignore[call-overload]
-    except subprocess.TimeoutExpired:
-        raise DeclarationError(f"{argv[0]} as {job.user} did not finish in {timeout:g}s "
-                               "(a hung file system?)") from None
-
-
-def read_manifest(job: Job, path: str) -> str:
-    r = _as_user(job, ["head", "-c", str(MANIFEST_MAX_BYTES + 1), "--", path])
-    if r.returncode != 0:
-        why = r.stderr.strip().splitlines()[-1:] or [f"exit {r.returncode}"]
-        raise DeclarationError(f"cannot read manifest {path} as {job.user}: "
-                               f"{why[0].split(': ')[-1]}")
-    if len(r.stdout.encode()) > MANIFEST_MAX_BYTES:
-        raise DeclarationError(f"manifest {path} is larger than {MANIFEST_MAX_BYTES} bytes")
-    return r.stdout
-
-
-# prints "missing P" / "unreadable P" for each path on stdin the user cannot read
-_ACCESS_SH = ('while IFS= read -r p; do if [ -r "$p" ]; then :; '
-              'elif [ -e "$p" ]; then printf "unreadable %s\\n" "$p"; '
-              'else printf "missing %s\\n" "$p"; fi; done')
-
-
-def user_cannot_read(job: Job, paths: list[str]) -> dict[str, str]:
-    """{path: "missing" | "unreadable"} for the paths whose search root the job's user
-    cannot read. Missing as seen by the user: a folder it may not enter hides the rest."""
-    roots = sorted({search_root(p) for p in paths})
-    r = _as_user(job, ["sh", "-c", _ACCESS_SH], stdin="".join(f"{p}\n" for p in roots))
-    if r.returncode != 0:
-        raise DeclarationError(f"cannot check access as {job.user}: {r.stderr.strip()[:200]}")
-    bad_roots = {}
-    for line in r.stdout.splitlines():
-        why, _, root = line.partition(" ")
-        bad_roots[root] = why
-    return {p: bad_roots[search_root(p)] for p in paths if search_root(p) in bad_roots}
+    @property
+    def identity(self) -> Identity:
+        return Identity.of(self.user, self.uid, self.gid)
 
 
 # ----------------------------------------------------------------------------- logging
+def escape(text: str) -> str:
+    """Text for one log line: control and other unprintable characters (a newline that
+    would start a forged line, a terminal escape) as \\xNN / \\uNNNN; backslash doubled
+    so an escape cannot be faked either."""
+    out = []
+    for c in text.replace("\\", "\\\\"):
+        if c.isprintable():
+            out.append(c)
+        elif ord(c) < 0x100:
+            out.append(f"\\x{ord(c):02x}")
+        else:
+            out.append(f"\\u{ord(c):04x}" if ord(c) < 0x10000 else f"\\U{ord(c):08x}")
+    return "".join(out)
+
+
 class Log:
-    """One line per job outcome: to the log file (with a timestamp) and to stderr."""
+    """One line per job outcome: to the log file (with a timestamp; 0600, root's alone:
+    it names users' paths) and to stderr."""
 
     def __init__(self, settings: Settings, hook: str, job_id: str):
         self.file = settings.log_file
         self.prefix = f"tierfs-slurm {hook} job={job_id}"
 
     def line(self, message: str) -> None:
-        text = f"{self.prefix} {message}".replace("\n", " ")
+        text = escape(f"{self.prefix} {message}")
         sys.stderr.write(text + "\n")
         if not self.file:
             return
         stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         try:
             os.makedirs(os.path.dirname(self.file) or ".", mode=0o755, exist_ok=True)
-            with open(self.file, "a") as f:
-                f.write(f"{stamp} {text}\n")
+            fd = os.open(self.file, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW
+                         | os.O_CLOEXEC | os.O_NOCTTY, 0o600)
+            try:
+                st = os.fstat(fd)
+                if stat.S_IMODE(st.st_mode) & 0o077 and st.st_uid == os.geteuid():
+                    os.fchmod(fd, 0o600)  # made by an older version, or by hand
+                os.write(fd, f"{stamp} {text}\n".encode())
+            finally:
+                os.close(fd)
         except OSError as exc:
-            sys.stderr.write(f"tierfs-slurm: cannot write {self.file}: {exc.strerror}\n")
+            sys.stderr.write(f"tierfs-slurm: cannot write {escape(self.file)}: "
+                             f"{exc.strerror}\n")
+
+
+# ----------------------------------------------------------------------------- mounts
+def trusted_mounts(table: list[Mount], trusted: frozenset[int]) -> list[Mount]:
+    """The tierfs mounts of the node that root or the daemon user made."""
+    return [m for m in table
+            if m.fstype == TIERFS_FSTYPE and _owner(m) in trusted]
+
+
+def _owner(m: Mount) -> int:
+    try:
+        return int(m.super_options.get("user_id", ""))
+    except ValueError:
+        return -1
+
+
+def mount_of(path: str, table: list[Mount]) -> Mount | None:
+    """The mount a path lies on: the deepest mount point above it (any file system)."""
+    best = None
+    for m in table:
+        if path == m.mountpoint or path.startswith(m.mountpoint.rstrip("/") + "/"):
+            if best is None or len(m.mountpoint) >= len(best.mountpoint):
+                best = m  # the later of two mounts on one point is the visible one
+    return best
+
+
+def _warmable(item: str, table: list[Mount], trusted: frozenset[int]) -> str | None:
+    """Why root will not warm a path the check answered with (None: it will). The child
+    is trusted to have checked access; what it returns is checked for shape and place
+    all the same."""
+    if not item.startswith("/") or os.path.normpath(item) != item:
+        return f"not a real path: {item}"
+    if any(not c.isprintable() for c in item) or item != item.strip():
+        return f"a name with control characters or blanks at its end: {item}"
+    m = mount_of(item, table)
+    if m is None or m.fstype != TIERFS_FSTYPE:
+        return f"not under a tierfs mount: {item}"
+    if _owner(m) not in trusted:
+        return f"on a tierfs mount not made by root: {item}"
+    return None
 
 
 # ----------------------------------------------------------------------------- running tierfs
-def _tierfs(args: list[str], timeout: float) -> tuple[int, str, str]:
-    """Run a tierfs subcommand in a child (the same interpreter); (rc, stdout, its error
-    lines joined). A child that outlives `timeout` is killed: rc 124 like timeout(1)."""
+def _tierfs(args: list[str], deadline: float) -> tuple[int, str, str]:
+    """Run a tierfs subcommand in a child (the same interpreter) until `deadline`; (rc,
+    stdout, its error lines joined). A child still running then is killed: rc 124 like
+    timeout(1)."""
+    proc = _spawn(args)
+    return _finish(proc, deadline)
+
+
+def _spawn(args: list[str]) -> subprocess.Popen:
     env = dict(os.environ)
     env.setdefault("PATH", SAFE_PATH)
-    proc = subprocess.Popen([sys.executable, "-m", "tierfs", *args], stdin=subprocess.DEVNULL,
+    return subprocess.Popen([sys.executable, "-m", "tierfs", *args], stdin=subprocess.DEVNULL,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             errors="replace", env=env, cwd="/")
+
+
+def _finish(proc: subprocess.Popen, deadline: float) -> tuple[int, str, str]:
     try:
-        out, err = proc.communicate(timeout=timeout)
+        out, err = proc.communicate(timeout=max(deadline - time.monotonic(), 0.001))
     except subprocess.TimeoutExpired:
         proc.kill()
         out, err = proc.communicate()
@@ -321,8 +317,12 @@ def _summaries(stdout: str) -> list[dict]:
     return [d for d in _json_lines(stdout) if d.get("event") == "summary"]  # one per mount
 
 
+def _number(value: object) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
 def _added(stdout: str, key: str) -> int:
-    return sum(int(d.get(key) or 0) for d in _summaries(stdout))
+    return sum(_number(d.get(key)) for d in _summaries(stdout))
 
 
 def _summary(stdout: str) -> str:
@@ -332,54 +332,49 @@ def _summary(stdout: str) -> str:
 
 
 # ----------------------------------------------------------------------------- the hooks
-def collect(job: Job, declared: Declared,
-            mounts: list | None = None) -> tuple[list[str], list[str]]:
-    """(paths to warm, problems): the comment's paths plus the manifests' lines, less what
-    is not under a tierfs mount (`mounts`, default: this node's) or the job's user could
-    not read."""
+def collect(job: Job, declared: Declared, table: list[Mount] | None = None, *,
+            trusted: frozenset[int] = frozenset({0}),
+            deadline: float | None = None) -> tuple[list[str], list[str]]:
+    """(paths to warm, problems): the comment's paths plus the manifests' lines, resolved
+    as the job's user, left out what that user could not read or what is not on a trusted
+    tierfs mount of the node (`table`: the node's mounts by default)."""
     problems = list(declared.errors)
-    paths = list(declared.paths)
-    for manifest in declared.manifests:
-        try:
-            more, errors = parse_manifest(read_manifest(job, manifest), manifest)
-        except DeclarationError as exc:
-            problems.append(str(exc))
-            continue
-        paths += more
-        problems += errors
-    paths = list(dict.fromkeys(paths))  # keep the order, drop repeats
-    # `tierfs warm` refuses the whole set for one path outside a mount: leave those out here
-    mounts = tierfs_mounts() if mounts is None else mounts
-    outside = [p for p in paths if not _under_mount(p, mounts)]
-    problems += [f"not under a tierfs mount: {p}" for p in outside]
-    paths = [p for p in paths if p not in outside]
-    if paths and job.uid != 0:  # root's jobs read anything; warm reports what is missing
-        try:
-            denied = user_cannot_read(job, paths)
-        except DeclarationError as exc:  # nothing could be checked: warm nothing
-            return [], problems + [str(exc)]
-        problems += [f"{why} for {job.user}: {p}" for p, why in denied.items()]
-        paths = [p for p in paths if p not in denied]
+    if not declared.paths and not declared.manifests:
+        return [], problems
+    table = list(all_mounts()) if table is None else table
+    roots = tuple(m.mountpoint for m in trusted_mounts(table, trusted))
+    if not roots:
+        return [], problems + ["no tierfs mount on this node"]
+    look = Lookup(job.user, declared.paths, declared.manifests, roots)
+    end = time.monotonic() + 300.0 if deadline is None else deadline
+    try:
+        answer = Readable.from_json(asuser.run_as(job.identity, asuser.resolve,
+                                                  look.to_json(), end))
+    except DeadlineExceeded:
+        return [], problems + [f"timed out while checking the paths as {job.user}: "
+                               "nothing warmed"]
+    except AsUserError as exc:  # nothing could be checked: warm nothing
+        return [], problems + [f"cannot check the paths as {job.user}: {exc}"]
+    problems += answer.problems
+    paths = []
+    for item in answer.items:
+        why = _warmable(item, table, trusted)
+        if why:
+            problems.append(why)
+        else:
+            paths.append(item)
     return paths, problems
 
 
-def _under_mount(path: str, mounts: list) -> bool:
-    try:
-        locate(path, mounts)
-    except UsageError:
-        return False
-    return True
-
-
-def _job_comment(job: Job, settings: Settings) -> str:
+def _job_comment(job: Job, settings: Settings, deadline: float) -> str:
     # slurmd exports the comment to the Prolog (Slurm >= 21.08, seen on 22.05) and asking
     # slurmctld from every prolog of a big job is the load Slurm's docs warn about
     if "SLURM_JOB_COMMENT" in os.environ or "SLURM_SCRIPT_CONTEXT" in os.environ:
         return os.environ.get("SLURM_JOB_COMMENT", "")
-    wait = min(30.0, settings.timeout)
+    wait = max(min(30.0, deadline - time.monotonic()), 0.001)
     try:
         r = subprocess.run([settings.scontrol, "show", "job", job.id], capture_output=True,
-                           text=True, errors="replace", timeout=wait,
+                           text=True, errors="replace", timeout=wait, stdin=subprocess.DEVNULL,
                            env={**os.environ, "PATH": os.environ.get("PATH", SAFE_PATH)})
     except subprocess.TimeoutExpired:
         raise DeclarationError(f"scontrol show job {job.id}: no answer in {wait:g}s") from None
@@ -391,42 +386,50 @@ def _job_comment(job: Job, settings: Settings) -> str:
 
 
 def _warm(settings: Settings, job: Job, paths: list[str], deadline: float) -> tuple[str, list[str]]:
-    """`tierfs warm` of the paths for the job: (summary words, problems)."""
+    """`tierfs warm` of the paths for the job: (summary words, problems). The manifest
+    lines are the checked real paths with glob characters escaped: a file named `a*`
+    must not become a pattern that matches its neighbours."""
+    timed_out = (f"timed out after {settings.timeout:g}s (the timeout setting), "
+                 "nothing pinned")
     with tempfile.NamedTemporaryFile("w", prefix="tierfs-slurm.", suffix=".warm") as f:
-        f.write("".join(f"{p}\n" for p in paths))  # mkstemp: 0600, only we read it
+        f.write("".join(f"{glob.escape(p)}\n" for p in paths))  # mkstemp: 0600, only we read it
         f.flush()
         if settings.max_bytes:  # size the set first: nothing is fetched or pinned beyond it
             rc, out, err = _tierfs(["warm", "--check", "--manifest", f.name, "--json"],
-                                   max(deadline - time.monotonic(), 0.001))
+                                   deadline)
             size = _added(out, "bytes")
             if rc == 124:
-                return "", [f"timed out after {settings.timeout:g}s (the timeout setting) "
-                            "while sizing the set, nothing pinned"]
+                return "", [f"{timed_out} while sizing the set"]
             if size > settings.max_bytes:
                 return "", [f"the set is {format_size(size)}, more than max_bytes "
                             f"({format_size(settings.max_bytes)}): nothing warmed"]
         argv = ["warm", "--manifest", f.name, "--job", job.id, "--json"]
         if settings.pin_ttl:
             argv += ["--pin-ttl", f"{settings.pin_ttl:g}s"]
-        rc, out, err = _tierfs(argv, max(deadline - time.monotonic(), 0.001))
+        rc, out, err = _tierfs(argv, deadline)
     if rc == 124:  # the daemon drops a warm whose client went away: nothing is pinned
-        err = f"timed out after {settings.timeout:g}s (the timeout setting), nothing pinned"
+        err = timed_out
     return _summary(out), ([err or f"tierfs warm exited {rc}"] if rc != 0 else [])
 
 
 def prolog(settings: Settings, job: Job, log: Log) -> int:
-    started = time.monotonic()  # `timeout` is for all of it, not only the warm
+    started = time.monotonic()
+    deadline = started + settings.timeout  # one deadline for all of it
     try:
-        declared = parse_comment(_job_comment(job, settings))
+        declared = parse_comment(_job_comment(job, settings, deadline))
     except DeclarationError as exc:  # scontrol failed: a failed warm like any other
         declared = Declared(errors=(str(exc),))
     if not declared:
         return 0  # the job asked for nothing: nothing to log either
-    paths, problems = collect(job, declared)
+    paths, problems = collect(job, declared, trusted=trusted_uids(settings),
+                              deadline=deadline)
     outcome = ""
-    if paths:
-        outcome, failed = _warm(settings, job, paths, deadline=started + settings.timeout)
+    if paths and time.monotonic() < deadline:
+        outcome, failed = _warm(settings, job, paths, deadline)
         problems += failed
+    elif paths:
+        problems.append(f"timed out after {settings.timeout:g}s (the timeout setting), "
+                        "nothing pinned")
     took = f"in {time.monotonic() - started:.1f}s"
     if problems:
         policy = "strict: failing the prolog" if settings.strict else "best-effort: the job starts"
@@ -438,29 +441,42 @@ def prolog(settings: Settings, job: Job, log: Log) -> int:
 
 
 def epilog(settings: Settings, job: Job, log: Log) -> int:
-    # always: cheap when nothing is pinned, and the comment may have changed since the prolog
-    rc, out, err = _tierfs(["unpin", "--job", job.id, "--json"], settings.timeout)
-    released = sum(int(d.get("objects") or 0) for d in _json_lines(out))  # mounts that answered
-    if rc != 0:
-        # e.g. one dead mount on the node: the others are released all the same, pins left
-        # behind end with pin_ttl, and draining a node for that is not worth it
-        log.line(f"user={job.user} unpinned {released} files; unpin FAILED (pins expire "
-                 f"after pin_ttl): {_shorten(err or f'exit {rc}')}")
+    """Release the job's pins on every trusted tierfs mount, each by its own `tierfs unpin`
+    run in parallel: a mount that fails, hangs or answers nonsense costs only its own pins
+    (they end with pin_ttl). Always run: cheap when nothing is pinned, and the comment may
+    have changed since the prolog."""
+    deadline = time.monotonic() + settings.timeout
+    targets = trusted_mounts(list(all_mounts()), trusted_uids(settings))
+    procs = [(m, _spawn(["unpin", "--job", job.id, "--json", "--mount", m.mountpoint]))
+             for m in targets]
+    released, failed = 0, []
+    for m, proc in procs:
+        rc, out, err = _finish(proc, deadline)
+        released += sum(_number(d.get("objects")) for d in _json_lines(out))
+        if rc != 0:
+            failed.append(f"{m.mountpoint}: {err or f'exit {rc}'}")
+    if failed:
+        # a node is not worth draining for this: the pins left end with pin_ttl
+        log.line(f"user={job.user} unpinned {released} files; unpin FAILED on "
+                 f"{len(failed)} of {len(procs)} mounts (pins expire after pin_ttl): "
+                 f"{_shorten('; '.join(failed))}")
     elif released:
         log.line(f"user={job.user} unpinned {released} files")
     return 0
 
 
-def _settings(args: argparse.Namespace) -> Settings:
+def _settings(args: argparse.Namespace) -> tuple[Settings, str]:
     path = config_path(args.config)
-    return load_settings(path, must_exist=bool(args.config or os.environ.get(CONFIG_ENV)))
+    must = bool(args.config or os.environ.get(CONFIG_ENV))
+    settings = load_settings(path, must_exist=must)
+    return settings, path if must or os.path.exists(path) else "defaults"
 
 
 def _run(args: argparse.Namespace) -> int:
     try:
-        settings = _settings(args)
+        settings, _ = _settings(args)
     except UsageError as exc:
-        message = f"tierfs-slurm {args.hook}: error: {exc}"
+        message = escape(f"tierfs-slurm {args.hook}: error: {exc}")
         sys.stderr.write(message + "\n")
         if "SLURM_JOB_ID" not in os.environ:
             return 2
@@ -472,7 +488,7 @@ def _run(args: argparse.Namespace) -> int:
     try:
         job = Job.from_env(os.environ)
     except UsageError as exc:
-        sys.stderr.write(f"tierfs-slurm {args.hook}: error: {exc}\n")
+        sys.stderr.write(escape(f"tierfs-slurm {args.hook}: error: {exc}") + "\n")
         return 2
     log = Log(settings, args.hook, job.id)
     strict = settings.strict and args.hook == "prolog"
@@ -487,19 +503,21 @@ def _run(args: argparse.Namespace) -> int:
 def _check(args: argparse.Namespace) -> int:
     """Validate the site settings and show what the hooks will use."""
     try:
-        settings = _settings(args)
+        settings, where = _settings(args)
     except UsageError as exc:
-        sys.stderr.write(f"tierfs-slurm check: error: {exc}\n")
+        sys.stderr.write(escape(f"tierfs-slurm check: error: {exc}") + "\n")
         return 2
-    where = settings.source
     if where == "defaults":
         where = f"defaults (there is no {config_path(args.config)})"
     print(f"settings: {where}")
     ttl = "none" if settings.pin_ttl is None else f"{settings.pin_ttl:g}s"
+    owners = ", ".join(str(u) for u in sorted(trusted_uids(settings)))
     print(f"strict = {str(settings.strict).lower()}\npin_ttl = {ttl}\n"
           f"timeout = {settings.timeout:g}s\nmax_bytes = {settings.max_bytes or 'no limit'}\n"
           f"log_file = {settings.log_file or '(stderr only)'}\n"
-          f"scontrol = {settings.scontrol}")
+          f"scontrol = {settings.scontrol}\n"
+          f"daemon_user = {getattr(settings, 'daemon_user', '') or '(root only)'} "
+          f"(mounts of uid {owners} are used)")
     return 0
 
 

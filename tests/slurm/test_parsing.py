@@ -6,8 +6,8 @@ import sys
 
 import pytest
 
-from tierfs.ctl import TierfsMount
 from tierfs.errors import UsageError
+from tierfs.mountinfo import Mount
 from tierfs.slurm import (
     Declared,
     Job,
@@ -108,9 +108,10 @@ def test_settings_file(tmp_path):
     ("strcit = true\n", "unknown setting 'strcit'"),
     ("timeout = \"soon\"\n", "invalid timeout"),
     ("strict = \n", "tierfs-slurm.toml"),
-    ("log_file = 3\n", "log_file must be a string"),
-    ("timeout = 0\n", "timeout must be more than 0"),
-    ("max_bytes = \"lots\"\n", "invalid max_bytes 'lots'"),
+    ("log_file = 3\n", "invalid log-file 3"),
+    ("timeout = 0\n", "invalid timeout 0: must be more than 0s"),
+    ("max_bytes = \"lots\"\n", "invalid max-bytes 'lots'"),
+    ("daemon_user = \"no-such-user-here\"\n", "daemon_user 'no-such-user-here': no such user"),
 ])
 def test_bad_settings(tmp_path, text, error):
     p = tmp_path / "tierfs-slurm.toml"
@@ -120,17 +121,34 @@ def test_bad_settings(tmp_path, text, error):
 
 
 # ------------------------------------------------------------------ as the job's user
+# (more in test_asuser.py: symlinks, `..`, globs into closed folders, FIFOs, the deadline)
 NOBODY = Job("1", "nobody", 65534, 65534)
-EVERYWHERE = [TierfsMount("/", 0)]  # as if all paths were under a tierfs mount
+EVERYWHERE = [Mount("/", "fuse.tierfs", {"user_id": "0"})]  # as if all were under a tierfs mount
 
 
-def test_paths_outside_tierfs_mounts_are_left_out():
-    mounts = [TierfsMount("/mnt/data", 0), TierfsMount("/mnt/data/ckpt", 0)]
+def test_paths_outside_trusted_tierfs_mounts_are_left_out(public_dir):
+    for d in ("data", "data/ckpt", "datax", "other", "users"):
+        (public_dir / d).mkdir(mode=0o755)
+    for f in ("data/a", "datax/b", "data/ckpt/m.pt", "other/c", "users/d"):
+        (public_dir / f).write_text("x")
+        (public_dir / f).chmod(0o644)
+    table = [Mount(str(public_dir / "data"), "fuse.tierfs", {"user_id": "0"}),
+             Mount(str(public_dir / "data/ckpt"), "fuse.tierfs", {"user_id": "0"}),
+             Mount(str(public_dir / "other"), "ext4", {}),
+             Mount(str(public_dir / "users"), "fuse.tierfs", {"user_id": "65534"})]
+    p = str(public_dir)
     paths, problems = collect(Job("1", "root", 0, 0), Declared(paths=(
-        "/mnt/data/a", "/mnt/datax/b", "/mnt/data/ckpt/*.pt", "/tmp/c")), mounts)
-    assert paths == ["/mnt/data/a", "/mnt/data/ckpt/*.pt"]
-    assert problems == ["not under a tierfs mount: /mnt/datax/b",
-                        "not under a tierfs mount: /tmp/c"]
+        f"{p}/data/a", f"{p}/datax/b", f"{p}/data/ckpt/*.pt", f"{p}/other/c", f"{p}/users/d")),
+        table)
+    assert paths == [f"{p}/data/a", f"{p}/data/ckpt/m.pt"]
+    assert problems == [f"not under a tierfs mount: {p}/datax/b",
+                        f"not under a tierfs mount: {p}/other/c",
+                        f"not under a tierfs mount: {p}/users/d"]  # a user's own mount
+    paths, problems = collect(Job("1", "root", 0, 0), Declared(paths=(f"{p}/users/d",)), table,
+                              trusted=frozenset({0, 65534}))  # daemon_user = "nobody"
+    assert (paths, problems) == ([f"{p}/users/d"], [])
+
+
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="dropping to the job user needs root")
 
 
@@ -151,9 +169,10 @@ def test_paths_the_user_cannot_read_are_dropped(tmp_path):
     hidden = tmp_path / "a.bin"  # exists, but inside a folder nobody cannot enter
     hidden.write_text("x")
     paths, problems = collect(NOBODY, Declared(paths=(
-        "/etc/passwd", "/etc/shadow", str(hidden), "/etc/*.conf", "/nonexistent/x")), EVERYWHERE)
-    assert paths == ["/etc/passwd", "/etc/*.conf"]
-    assert problems == ["unreadable for nobody: /etc/shadow", f"missing for nobody: {hidden}",
+        "/etc/passwd", "/etc/shadow", str(hidden), "/etc/host*.conf", "/nonexistent/x")),
+        EVERYWHERE)
+    assert paths == ["/etc/passwd", "/etc/host.conf"]
+    assert problems == ["unreadable for nobody: /etc/shadow", f"unreadable for nobody: {hidden}",
                         "missing for nobody: /nonexistent/x"]
 
 
