@@ -81,3 +81,10 @@ def test_example_config_is_valid():
 
     cfg = build_config_with_file(str(UNITS / "example.toml"), None, None, {})
     assert cfg.mountpoint == "/mnt/datasets" and cfg.allow_other and cfg.writeback
+
+
+def test_units_create_private_files():
+    # V1 of issue 10: cache files, index and log must not be readable by other users
+    for unit in ("tierfs@.service", "tierfs-warm@.service"):
+        lines = (UNITS / unit).read_text().splitlines()
+        assert "UMask=0077" in lines, unit
