@@ -10,29 +10,48 @@ Named databases (keys are ordered binary, big-endian integers first):
   objects   object id -> bucket, key, etag, size (for reports and evict-by-path)
   attrs     ino -> JSON of what S3 listings do not carry: mode, uid, gid, mtime, symlink
             target (set through this mount, or read from object metadata by HEAD)
-  uploads   multipart upload id -> key, while the upload runs: after a crash, recovery
-            aborts the ones nobody will complete (their parts cost storage)
-  dirty     ino -> JSON journal of a closed, not yet uploaded file (write-back); written
-            with a full sync, because this is the only copy of acknowledged data
   pins      owner ("job:42", "manual") -> JSON {expires, objects: {oid hex: size}}:
             what `tierfs warm --pin` keeps from eviction, kept across restarts
 
 Every method is one short synchronous transaction; callers never await inside one.
 Inode numbers are allocated once per (parent, name, kind) and persist, so they are
 stable across daemon restarts.
+
+The write-back journal (unsaved writes, multipart uploads under way) is not in this
+environment: it is CACHE_DIR/journal (tierfs.journal), so that everything here stays a
+re-derivable cache that may be thrown away. MetaStore keeps the journal's methods
+(put_dirty, dirty_records, put_upload, ...) and forwards them; an old cache dir's `dirty`
+and `uploads` databases are moved into the journal when it is opened.
+
+Damage: a damaged LMDB file can kill the process that reads it (SIGBUS on a truncated
+file, SIGABRT on a garbage page), so before opening an existing index MetaStore checks
+its meta pages and walks every database in a child process (`python -m tierfs.meta
+--probe DIR`). A damaged index (or one of another schema) is moved aside to
+index.damaged-<time> with one WARNING, and a new one starts empty; a second child salvages
+what it still can from the old one (chunk records, whose files ChunkCache.recover then
+re-adopts when their sizes match - every read verifies their CRCs as always - pins).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
+import resource
+import signal
 import struct
+import subprocess
+import sys
+import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Iterator
 
 import lmdb
 
 from .errors import StartupError
+from .journal import JOURNAL_NAME, RECOVERY_HINT, Journal, JournalDamaged
+
+log = logging.getLogger(__name__)
 
 SCHEMA_VERSION = 1
 ROOT_INO = 1
@@ -95,8 +114,251 @@ def _u64(n: int) -> bytes:
     return _U64.pack(n)
 
 
+# ---- checking an index without risking a signal -------------------------------------------
+
+PROBE_TIMEOUT_S = 120.0  # a walk of millions of records takes seconds; a loop in garbage, forever
+_LMDB_MAGIC = 0xBEEFC0DE
+_LMDB_VERSION = 1  # MDB_DATA_VERSION of LMDB 0.9 (py-lmdb bundles it)
+_P_META = 0x08
+_P_INVALID = (1 << 64) - 1
+_PAGE_HDR = struct.Struct("<QHHI")  # pgno, pad, flags, lower/upper
+_META = struct.Struct("<IIQQ")  # magic, version, address, map size
+_DB = struct.Struct("<IHHQQQQQ")  # pad (page size in FREE_DBI), flags, depth, pages.., root
+_TAIL = struct.Struct("<QQ")  # last page used, txn id
+_SALVAGE_ORDER = (b"info", b"dirty", b"uploads", b"pins", b"objects", b"chunks")
+_FRAME = struct.Struct(">HII")  # len(db name), len(key), len(value); value len ~0: db complete
+_DB_DONE = 0xFFFFFFFF
+
+
+def _meta_page(head: bytes, off: int) -> tuple[int, int, int, int, int, int] | str:
+    """(page size, version, txn id, last page, main root, free root) of the meta page at
+    off, or what is wrong with it."""
+    if len(head) < off + _PAGE_HDR.size + _META.size + 2 * _DB.size + _TAIL.size:
+        return "shorter than its meta pages"
+    _, _, flags, _ = _PAGE_HDR.unpack_from(head, off)
+    magic, version, _, _ = _META.unpack_from(head, off + _PAGE_HDR.size)
+    if magic != _LMDB_MAGIC or not flags & _P_META:
+        return "not an LMDB file (no meta page)"
+    if version != _LMDB_VERSION:
+        return f"LMDB data format version {version}, not {_LMDB_VERSION}"
+    dbs = off + _PAGE_HDR.size + _META.size
+    free, main = _DB.unpack_from(head, dbs), _DB.unpack_from(head, dbs + _DB.size)
+    last, txnid = _TAIL.unpack_from(head, dbs + 2 * _DB.size)
+    return free[0], version, txnid, last, main[7], free[7]
+
+
+def check_meta_pages(data_path: str) -> str | None:
+    """What is wrong with data.mdb's two meta pages, or None. Reads the head of the file
+    (never maps it): catches a truncated file, a foreign file and another LMDB format."""
+    try:
+        with open(data_path, "rb") as f:
+            head = f.read(2 << 16)
+            size = os.fstat(f.fileno()).st_size
+    except OSError as exc:
+        return f"unreadable: {exc.strerror}"
+    first = _meta_page(head, 0)
+    if isinstance(first, str):
+        return first
+    psize = first[0]
+    if psize < 512 or psize > 1 << 16 or psize & (psize - 1):
+        return f"meta page gives a page size of {psize}"
+    second = _meta_page(head, psize)
+    if isinstance(second, str):
+        return f"second meta page: {second}"
+    _, _, _, last, main_root, free_root = max(first, second, key=lambda m: m[2])
+    # the file may end before `last`: pages freed in the transaction that allocated them
+    # are never written. The roots are, and the child's walk finds any other page cut off.
+    for root in (main_root, free_root):
+        if root == _P_INVALID:
+            continue
+        if root > last:
+            return f"a root page ({root}) lies past the last page ({last})"
+        if (root + 1) * psize > size:
+            return f"truncated: {size} bytes, a root page ends at byte {(root + 1) * psize}"
+    return None
+
+
+def _child(args: list[str], timeout_s: float) -> tuple[int | None, bytes, str]:
+    """Run `python -m tierfs.meta ARGS`: (exit status or None on timeout, stdout, last
+    stderr line)."""
+    env = dict(os.environ)
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (here, env.get("PYTHONPATH")) if p)
+    try:
+        r = subprocess.run([sys.executable, "-m", "tierfs.meta", *args], capture_output=True,
+                           timeout=timeout_s, env=env, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired as exc:
+        return None, exc.stdout or b"", ""
+    lines = r.stderr.decode(errors="replace").strip().splitlines()
+    return r.returncode, r.stdout, (lines[-1][:300] if lines else "")
+
+
+def probe_index(path: str, timeout_s: float = PROBE_TIMEOUT_S) -> str | None:
+    """What is wrong with the LMDB index in PATH, or None (also when there is none).
+
+    The meta pages are checked here; then a child process opens the environment and
+    reads every record of every database. If the file is damaged, the child dies
+    (SIGBUS, SIGABRT), fails or loops, not this process."""
+    data = os.path.join(path, "data.mdb")
+    if not os.path.exists(data):
+        return None
+    problem = check_meta_pages(data)
+    if problem is not None:
+        return problem
+    status, _, err = _child(["--probe", path], timeout_s)
+    if status is None:
+        return f"reading it did not finish in {timeout_s:g}s"
+    if status < 0:
+        name = signal.Signals(-status).name if -status in signal.valid_signals() else -status
+        return f"reading it killed the checking process ({name}{': ' + err if err else ''})"
+    if status != 0:
+        return f"reading it failed: {err or f'exit status {status}'}"
+    return None
+
+
+@dataclass
+class Salvage:
+    """What could still be read from a damaged index: db name -> [(key, value)]."""
+
+    records: dict[bytes, list[tuple[bytes, bytes]]] = field(default_factory=dict)
+    complete: set[bytes] = field(default_factory=set)  # databases read to their end
+
+
+def salvage_index(path: str, timeout_s: float = PROBE_TIMEOUT_S) -> Salvage:
+    """Read what a child process can still read from a damaged index (records arrive as
+    it reads them, so a child killed half-way still leaves what it got)."""
+    out = Salvage()
+    _, data, _ = _child(["--salvage", path], timeout_s)
+    pos = 0
+    while pos + _FRAME.size <= len(data):
+        nlen, klen, vlen = _FRAME.unpack_from(data, pos)
+        body = pos + _FRAME.size
+        name = data[body:body + nlen]
+        if vlen == _DB_DONE:
+            if body + nlen > len(data):
+                break
+            out.complete.add(name)
+            pos = body + nlen
+            continue
+        end = body + nlen + klen + vlen
+        if end > len(data):
+            break
+        key = data[body + nlen:body + nlen + klen]
+        out.records.setdefault(name, []).append((key, data[body + nlen + klen:end]))
+        pos = end
+    return out
+
+
+def _no_core() -> None:
+    try:
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # a damaged page is no bug report
+    except (ValueError, OSError):
+        pass
+
+
+def _probe_main(path: str) -> int:
+    _no_core()
+    env = lmdb.open(path, readonly=True, lock=False, max_dbs=64, readahead=False)
+    with env.begin() as txn:
+        names = [bytes(k) for k in txn.cursor().iternext(values=False)]
+    for name in names:
+        db = env.open_db(name, create=False)
+        with env.begin(db=db, buffers=True) as txn:
+            for k, v in txn.cursor():
+                len(k), bytes(v[-1:])  # touch every leaf and overflow page
+    env.close()
+    return 0
+
+
+def _salvage_main(path: str) -> int:
+    _no_core()
+    env = lmdb.open(path, readonly=True, lock=False, max_dbs=64, readahead=False)
+    out = sys.stdout.buffer
+    for name in _SALVAGE_ORDER:
+        try:
+            db = env.open_db(name, create=False)
+        except lmdb.Error:
+            continue
+        with env.begin(db=db) as txn:
+            for n, (k, v) in enumerate(txn.cursor()):
+                out.write(_FRAME.pack(len(name), len(k), len(v)) + name + k + v)
+                if n % 256 == 0:
+                    out.flush()
+        out.write(_FRAME.pack(len(name), 0, _DB_DONE) + name)
+        out.flush()
+    env.close()
+    return 0
+
+
+def set_aside(path: str, now: float | None = None) -> str:
+    """Move the index dir PATH to PATH.damaged-<time>; returns the new name."""
+    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(now))
+    aside = f"{path}.damaged-{stamp}"
+    n = 1
+    while os.path.exists(aside):
+        n += 1
+        aside = f"{path}.damaged-{stamp}.{n}"
+    os.rename(path, aside)
+    return aside
+
+
+def _staging_files(cache_dir: str) -> list[str]:
+    try:
+        return sorted(os.listdir(os.path.join(cache_dir, "dirty")))
+    except FileNotFoundError:
+        return []
+
+
+# ---- the store ------------------------------------------------------------------------------
+
+
 class MetaStore:
-    def __init__(self, path: str, source: str, *, map_size: int = 16 << 30) -> None:
+    def __init__(self, path: str, source: str, *, map_size: int = 16 << 30,
+                 probe_timeout_s: float = PROBE_TIMEOUT_S) -> None:
+        self.path = path
+        cache_dir = os.path.dirname(os.path.abspath(path))
+        jpath = os.path.join(cache_dir, JOURNAL_NAME)
+        # a damaged journal is the first thing to know: nothing else is touched then
+        self.journal: Journal | None = Journal.open(jpath) if os.path.exists(jpath) else None
+        try:
+            self._open(path, source, map_size, probe_timeout_s, cache_dir, jpath)
+        except BaseException:
+            if self.journal is not None:
+                self.journal.close()
+            raise
+
+    def _open(self, path: str, source: str, map_size: int, probe_timeout_s: float,
+              cache_dir: str, jpath: str) -> None:
+        existed = os.path.exists(os.path.join(path, "data.mdb"))
+        salvage: Salvage | None = None
+        problem = probe_index(path, probe_timeout_s) if existed else None
+        if problem is not None:
+            aside = set_aside(path)
+            salvage = salvage_index(aside, probe_timeout_s)
+            log.warning("cache index %s is damaged (%s): moved to %s; the cache starts "
+                        "empty (%d chunk records salvaged)", path, problem, aside,
+                        len(salvage.records.get(b"chunks", ())))
+        self._open_env(path, map_size)
+        version = self._schema()
+        if version is not None and version != SCHEMA_VERSION:
+            self.env.close()
+            aside = set_aside(path)
+            log.warning("cache index %s has schema %d, this tierfs reads %d: moved to %s; "
+                        "the cache starts empty", path, version, SCHEMA_VERSION, aside)
+            self._open_env(path, map_size)
+        fresh = self._check_identity(source)
+        if self.journal is None:
+            self.journal = self._first_journal(jpath, cache_dir, fresh, salvage)
+        else:
+            self._migrate_legacy(self.journal, None)
+        if fresh:
+            self._restore_journaled()
+            if salvage is not None:
+                self._apply_salvage(salvage)
+        with self.env.begin(write=True, db=self._info) as txn:
+            txn.put(b"journal", b"1")  # from now on a missing journal is a loss, not old age
+
+    def _open_env(self, path: str, map_size: int) -> None:
         os.makedirs(path, exist_ok=True)
         try:
             # metasync off: a system crash may undo the last transaction but never corrupts;
@@ -106,7 +368,6 @@ class MetaStore:
             self._open_dbs()
         except lmdb.Error as exc:
             raise StartupError(f"cannot open the cache index in {path}: {exc}") from None
-        self._check_identity(source)
 
     def _open_dbs(self) -> None:
         self._info = self.env.open_db(b"info")
@@ -116,31 +377,166 @@ class MetaStore:
         self._chunks = self.env.open_db(b"chunks")
         self._objects = self.env.open_db(b"objects")
         self._attrs = self.env.open_db(b"attrs")
-        self._dirty = self.env.open_db(b"dirty")
-        self._uploads = self.env.open_db(b"uploads")
         self._pins = self.env.open_db(b"pins")
 
-    def _check_identity(self, source: str) -> None:
+    def _schema(self) -> int | None:
+        with self.env.begin(db=self._info) as txn:
+            raw = txn.get(b"schema")
+        try:
+            return int(raw) if raw is not None else None
+        except ValueError:
+            return -1
+
+    def _check_identity(self, source: str) -> bool:
+        """Bind a new index to its source (True), or check an existing one's (False)."""
         with self.env.begin(write=True) as txn:
             version = txn.get(b"schema", db=self._info)
             owner = txn.get(b"source", db=self._info)
             if version is None:
                 txn.put(b"schema", str(SCHEMA_VERSION).encode(), db=self._info)
                 txn.put(b"source", source.encode(), db=self._info)
-                txn.put(b"next_ino", _u64(ROOT_INO + 1), db=self._info)
+                # numbers of journaled files stay theirs: a new index never hands them out
+                first = max(ROOT_INO + 1, (self.journal.max_ino() + 1) if self.journal else 0)
+                txn.put(b"next_ino", _u64(first), db=self._info)
                 root = Inode(ROOT_INO, ROOT_INO, DIR, 0, 0.0, "", "", 0.0)
                 txn.put(_u64(ROOT_INO), root.pack(), db=self._inodes)
-                return
-            if int(version) != SCHEMA_VERSION:
-                raise StartupError(f"cache index schema {int(version)} is not {SCHEMA_VERSION}: "
-                                   "use a new --cache-dir")
+                return True
             if owner is not None and owner.decode() != source:
                 raise StartupError(f"cache dir belongs to {owner.decode()}, not {source}: "
                                    "use another --cache-dir")
+            return False
+
+    # ---- the journal's start --------------------------------------------------------------
+
+    def _first_journal(self, jpath: str, cache_dir: str, fresh: bool,
+                       salvage: Salvage | None) -> Journal:
+        """Create the journal of a cache dir that has none: new, or made by a tierfs that
+        kept the journal in the index (its `dirty` and `uploads` databases move over)."""
+        hint = RECOVERY_HINT.format(dir=cache_dir)
+        if not fresh:
+            with self.env.begin(db=self._info) as txn:
+                marked = txn.get(b"journal") is not None
+            if marked:
+                raise JournalDamaged(f"the write-back journal {jpath} is missing; it may have "
+                                     f"held unsaved writes: {hint}")
+            journal = Journal.open(jpath)
+            self._migrate_legacy(journal, None)
+            return journal
+        staged = _staging_files(cache_dir)
+        if salvage is not None:
+            marked = any(k == b"journal" for k, _ in salvage.records.get(b"info", ()))
+            whole = {b"info", b"dirty", b"uploads"} <= salvage.complete
+            if staged and (marked or not whole):
+                raise JournalDamaged(
+                    f"the write-back journal {jpath} is missing and the damaged index could "
+                    f"not tell which of the {len(staged)} staging files in "
+                    f"{os.path.join(cache_dir, 'dirty')} are unsaved writes: {hint}")
+            journal = Journal.open(jpath)
+            self._migrate_legacy(journal, salvage)
+            return journal
+        if staged:
+            raise JournalDamaged(
+                f"the write-back journal {jpath} and the cache index are missing, and "
+                f"{os.path.join(cache_dir, 'dirty')} holds {len(staged)} staging files that "
+                f"may be unsaved writes: {hint}")
+        return Journal.open(jpath)
+
+    def _migrate_legacy(self, journal: Journal, salvage: Salvage | None) -> None:
+        """Move an older index's journal databases (`dirty`, `uploads`) into the journal:
+        written there (fsynced) before they are dropped here, so a crash repeats it."""
+        if salvage is not None:
+            dirty = salvage.records.get(b"dirty", [])
+            uploads = salvage.records.get(b"uploads", [])
+        else:
+            dirty, uploads = self._legacy_records()
+        moved = 0
+        for k, v in dirty:
+            try:
+                ino, record = _U64.unpack(k)[0], json.loads(v)
+            except (struct.error, ValueError):
+                log.error("write-back journal of the old index: an unreadable record was "
+                          "left in %s", self.path)
+                continue
+            journal.put_dirty(ino, record, self._chain(ino) if salvage is None else [])
+            moved += 1
+        for k, v in uploads:
+            journal.put_upload(bytes(k).decode(errors="replace"), bytes(v).decode(errors="replace"))
+        if salvage is None and (dirty or uploads):
+            with self.env.begin(write=True) as txn:
+                for name in (b"dirty", b"uploads"):
+                    txn.drop(self.env.open_db(name, txn=txn), delete=True)
+        if moved:
+            log.info("moved %d journaled files from the cache index to %s", moved, journal.path)
+
+    def _legacy_records(self) -> tuple[list[tuple[bytes, bytes]], list[tuple[bytes, bytes]]]:
+        out: list[list[tuple[bytes, bytes]]] = []
+        for name in (b"dirty", b"uploads"):
+            try:
+                db = self.env.open_db(name, create=False)
+            except lmdb.NotFoundError:
+                out.append([])
+                continue
+            with self.env.begin(db=db) as txn:
+                out.append([(bytes(k), bytes(v)) for k, v in txn.cursor()])
+        return out[0], out[1]
+
+    def _restore_journaled(self) -> None:
+        """A new index gets the inodes of journaled files back, with their numbers and the
+        directories above them: the name still leads to the unsaved bytes, and no other
+        file can be given their numbers."""
+        assert self.journal is not None
+        records = dict(self.journal.dirty_records())
+        with self.env.begin(write=True) as txn:
+            for ino, chain in self.journal.dirty_paths().items():
+                for cino, parent, kind, key in chain:
+                    cino, parent = int(cino), int(parent)
+                    if txn.get(_u64(cino), db=self._inodes) is None:
+                        size = int(records[ino].get("size", 0)) if cino == ino else 0
+                        node = Inode(cino, parent, int(kind), size, time.time(), "", key, 0.0)
+                        txn.put(_u64(cino), node.pack(), db=self._inodes)
+                    name = key.rstrip("/").rpartition("/")[2].encode()
+                    txn.put(_u64(parent) + name, _u64(cino), db=self._dentries, overwrite=False)
+
+    def _apply_salvage(self, salvage: Salvage) -> None:
+        """What a damaged index still yields: chunk records (ChunkCache.recover re-adopts
+        the files whose size matches; reads verify every block), object info, pins."""
+        with self.env.begin(write=True) as txn:
+            for k, v in salvage.records.get(b"chunks", ()):
+                try:
+                    rec = ChunkRecord.unpack(v)
+                except struct.error:
+                    continue
+                if len(k) == 20 and (len(v) - _CHUNK.size) % 4 == 0 and rec.length > 0:
+                    txn.put(k, v, db=self._chunks)
+            for db, name in ((self._objects, b"objects"), (self._pins, b"pins")):
+                for k, v in salvage.records.get(name, ()):
+                    try:
+                        if isinstance(json.loads(v), dict):
+                            txn.put(k, v, db=db)
+                    except ValueError:
+                        continue
+
+    def _chain(self, ino: int) -> list[list]:
+        """[ino, parent, kind, key] of a file and the directories above it, root first."""
+        out = []
+        seen = set()
+        with self.env.begin() as txn:
+            cur = ino
+            while cur != ROOT_INO and cur not in seen:
+                raw = txn.get(_u64(cur), db=self._inodes)
+                if raw is None:
+                    break
+                node = Inode.unpack(cur, raw)
+                out.append([cur, node.parent, node.kind, node.key])
+                seen.add(cur)
+                cur = node.parent
+        return out[::-1]
 
     def close(self) -> None:
         self.env.sync(True)
         self.env.close()
+        if self.journal is not None:
+            self.journal.close()
 
     # ---- namespace -------------------------------------------------------------------
 
@@ -308,32 +704,33 @@ class MetaStore:
         with self.env.begin(write=True, db=self._dirs) as txn:
             txn.delete(_u64(ino))
 
-    # ---- write-back journal ----------------------------------------------------------
+    # ---- write-back journal (kept in CACHE_DIR/journal, see tierfs.journal) -------------
 
     def put_dirty(self, ino: int, record: dict) -> None:
-        with self.env.begin(write=True, db=self._dirty) as txn:
-            txn.put(_u64(ino), json.dumps(record).encode())
-        self.env.sync(True)  # acknowledged data: durable before we answer
+        """Journal a file's unsaved writes; durable (fsynced) when this returns. The inode
+        chain above it goes along, for a new index to give the file its number back."""
+        assert self.journal is not None
+        self.journal.put_dirty(ino, record, self._chain(ino))
 
     def delete_dirty(self, ino: int) -> None:
-        with self.env.begin(write=True, db=self._dirty) as txn:
-            txn.delete(_u64(ino))
+        assert self.journal is not None
+        self.journal.delete_dirty(ino)
 
     def put_upload(self, upload_id: str, key: str) -> None:
-        with self.env.begin(write=True, db=self._uploads) as txn:
-            txn.put(upload_id.encode(), key.encode())
+        assert self.journal is not None
+        self.journal.put_upload(upload_id, key)
 
     def delete_upload(self, upload_id: str) -> None:
-        with self.env.begin(write=True, db=self._uploads) as txn:
-            txn.delete(upload_id.encode())
+        assert self.journal is not None
+        self.journal.delete_upload(upload_id)
 
     def uploads(self) -> list[tuple[str, str]]:
-        with self.env.begin(db=self._uploads) as txn:
-            return [(bytes(k).decode(), bytes(v).decode()) for k, v in txn.cursor()]
+        assert self.journal is not None
+        return self.journal.uploads()
 
     def dirty_records(self) -> list[tuple[int, dict]]:
-        with self.env.begin(db=self._dirty) as txn:
-            return [(_U64.unpack(k)[0], json.loads(v)) for k, v in txn.cursor()]
+        assert self.journal is not None
+        return self.journal.dirty_records()
 
     # ---- pins ------------------------------------------------------------------------
 
@@ -376,3 +773,20 @@ class MetaStore:
         with self.env.begin(db=self._objects) as txn:
             raw = txn.get(oid)
         return json.loads(raw) if raw is not None else None
+
+
+def _main(argv: list[str]) -> int:
+    """`python -m tierfs.meta --probe DIR | --salvage DIR`: the child side of probe_index
+    and salvage_index (exit 0: read whole; a damaged file kills or fails this process)."""
+    if len(argv) != 2 or argv[0] not in ("--probe", "--salvage"):
+        sys.stderr.write("usage: python -m tierfs.meta --probe|--salvage INDEX_DIR\n")
+        return 2
+    try:
+        return (_probe_main if argv[0] == "--probe" else _salvage_main)(argv[1])
+    except lmdb.Error as exc:
+        sys.stderr.write(f"{type(exc).__name__}: {exc}\n")
+        return 3
+
+
+if __name__ == "__main__":
+    sys.exit(_main(sys.argv[1:]))

@@ -1,5 +1,7 @@
 """MetaStore: the LMDB index of a cache dir (inodes, dentries, chunk records)."""
 
+import os
+
 import lmdb
 import pytest
 
@@ -146,14 +148,20 @@ def test_cache_dir_is_bound_to_its_source(path):
     m.close()
 
 
-def test_other_schema_version_is_refused(path):
-    open_store(path).close()
+def test_other_schema_version_is_set_aside_and_the_index_starts_empty(path):
+    m = open_store(path)
+    m.upsert(ROOT_INO, b"a", FILE, 1, 1.0, "e", "a", 1.0)
+    m.close()
     env = lmdb.open(path, max_dbs=8)
     with env.begin(write=True) as txn:
         txn.put(b"schema", b"999", db=env.open_db(b"info", txn=txn))
     env.close()
-    with pytest.raises(StartupError, match="schema"):
-        open_store(path)
+    m = open_store(path)  # a cache is re-derivable: another schema's is moved aside
+    try:
+        assert m.children(ROOT_INO) == []
+    finally:
+        m.close()
+    assert [n for n in os.listdir(os.path.dirname(path)) if n.startswith("index.damaged-")]
 
 
 def rec(length, heat=1.0, last=5.0, crcs=(1, 2)):

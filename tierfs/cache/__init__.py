@@ -65,7 +65,8 @@ class ChunkCache:
         for key, rec in self.meta.chunks():
             name = chunk_name(key)
             size = present.pop(name, None)
-            if size == rec.length:
+            # a record salvaged from a damaged index must at least have a CRC per block
+            if size == rec.length and len(rec.crcs) == self.blocks_of(rec.length):
                 self._index[key] = rec
                 self._used += rec.length
                 continue
