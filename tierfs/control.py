@@ -159,6 +159,8 @@ class ControlServer:
                               "lookups": _ratio(lookups - misses, lookups)},
                 "pinned": {"files": len(pinned), "bytes": c.bytes_of(pinned), "owners": owners},
                 "dirty_bytes": c.dirty_bytes, "uploads_pending": self._uploads_pending(),
+                # degraded mode (tierfs/health.py): False while the object store does not answer
+                "backend_up": m.value("tierfs_backend_up") == 1,
                 "backend_requests": {op: m.value("tierfs_backend_requests_total", op=op)
                                      for op in ("get", "list", "head", "put")}}
 

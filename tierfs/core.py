@@ -38,6 +38,7 @@ from .cache.memory import MemoryTier
 from .config import MountConfig
 from .fetch import Fetcher
 from .fileio import FileIO
+from .health import BackendHealth
 from .meta import MetaStore
 from .metrics import Metrics
 from .namespace import Namespace
@@ -96,11 +97,15 @@ class Core:
 
 def async_backend(cfg: MountConfig, backend: Backend | AsyncBackend,
                   metrics: Metrics) -> AsyncBackend:
-    """The backend behind the limiters and metrics the core expects (as the daemon sizes them)."""
-    if isinstance(backend, AsyncBackend):
-        return backend
-    return AsyncBackend(backend, metrics, concurrency=cfg.backend_concurrency,
-                        background=cfg.readahead_chunks, warm=cfg.warm_concurrency)
+    """The backend behind the limiters and metrics the core expects (as the daemon sizes them),
+    with a BackendHealth (degraded mode) unless it has one: probing with the backend's own
+    bucket check (the daemon gives it a quicker one)."""
+    if not isinstance(backend, AsyncBackend):
+        backend = AsyncBackend(backend, metrics, concurrency=cfg.backend_concurrency,
+                               background=cfg.readahead_chunks, warm=cfg.warm_concurrency)
+    if backend.health is None:
+        backend.health = BackendHealth(backend.metrics, backend.sync.check)
+    return backend
 
 
 @contextlib.asynccontextmanager
@@ -184,6 +189,8 @@ def _start_services(core: Core) -> None:
         tasks.supervise("uploader", core.writeback.run_uploader)
     tasks.supervise("orphan-cleanup", _then_idle, core.writeback.abort_orphaned_uploads)
     tasks.supervise("pin-expiry", _expire_pins, core.cache)
+    if core.backend.health is not None:
+        tasks.supervise("health-probe", core.backend.health.run)
 
 
 async def _then_idle(fn: Callable[[], Awaitable[None]]) -> None:

@@ -239,6 +239,9 @@ def _status(args: argparse.Namespace) -> int:
                  " until " + time.strftime("%Y-%m-%d %H:%M", time.localtime(o["expires"])))
         rows.append(("", f"{o['owner']}: {o['files']} files, {format_size(o['bytes'])}{until}"))
     rows.append(("unsaved", f"{format_size(st['dirty_bytes'])}, {st['uploads_pending']} uploads pending"))
+    if "backend_up" in st:  # a daemon from before degraded mode does not say
+        rows.append(("object store", "answering" if st["backend_up"] else
+                     "NOT ANSWERING: degraded, serving what is cached (uncached reads EIO)"))
     for k, v in rows:
         print(f"{k:<12} {v}")
     return 0

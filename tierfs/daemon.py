@@ -27,8 +27,8 @@ from .config import MountConfig
 from .control import ControlServer, prepare_socket_dir
 from .core import async_backend, build_core
 from .errors import BackendError, StartupError
-from .health import PROBE_TIMEOUT_S, BackendHealth
 from .fs import FuseOps
+from .health import PROBE_TIMEOUT_S, BackendHealth
 from .metrics import Metrics
 from .runpaths import control_socket
 

@@ -25,7 +25,7 @@ from typing import Callable
 
 import trio
 
-from .errors import (AccessDenied, BackendUnavailable, NoSuchBucket, NotFound,
+from .errors import (AccessDenied, BackendError, BackendUnavailable, NoSuchBucket, NotFound,
                      PreconditionFailed, StoreDown)
 from .metrics import Metrics
 
@@ -114,6 +114,23 @@ class BackendHealth:
             except Exception as exc:  # noqa: BLE001 - any failure of the probe means "not answering"
                 return exc
         return BackendUnavailable(f"no answer to a bucket check within {timeout_s:g}s")
+
+    async def start(self, check: Callable[[], None], timeout_s: float) -> bool:
+        """The bucket check at mount time, bounded by timeout_s (--startup-timeout): True if
+        the store answered. If it did not answer (unreachable, timing out, failing with a
+        5xx), the mount goes degraded and False is returned; an answer that no retry will
+        change (no such bucket, access denied) is raised for the start-up error."""
+        reason = f"no answer to a bucket check within {timeout_s:g}s"
+        with trio.move_on_after(timeout_s):
+            try:
+                await trio.to_thread.run_sync(check, abandon_on_cancel=True)
+                return True
+            except (AccessDenied, NoSuchBucket):
+                raise
+            except BackendError as exc:
+                reason = str(exc)
+        self.mark_down(f"at start-up: {reason}")
+        return False
 
     async def run(self) -> None:
         """Probe when a request found the store unreachable, and every interval_s while

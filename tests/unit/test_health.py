@@ -12,7 +12,7 @@ import trio
 
 from tierfs.backend.file import FileBackend
 from tierfs.backend.runner import AsyncBackend
-from tierfs.errors import BackendError, BackendUnavailable, NotFound, StoreDown
+from tierfs.errors import AccessDenied, BackendError, BackendUnavailable, NotFound, StoreDown
 from tierfs.health import BackendHealth
 from tierfs.metrics import Metrics
 
@@ -157,3 +157,26 @@ async def test_async_backend_refuses_before_queuing_and_learns_from_outcomes(tmp
     with pytest.raises(BackendUnavailable):
         await backend.get("k", 0, 5, None)
     assert h._suspect.is_set()  # the failure made the store suspect (run() would probe)
+
+
+async def test_start_up_check_is_bounded_and_only_an_unreachable_store_degrades(health):
+    h, probe, metrics = health
+
+    def denied() -> None:
+        raise AccessDenied("bucket 'b': access denied")
+
+    def refused() -> None:
+        raise BackendUnavailable("bucket 'b': endpoint unreachable (refused)")
+
+    assert await h.start(lambda: None, 1.0) and h.up
+    with pytest.raises(AccessDenied):  # an answer: the mount fails with it
+        await h.start(denied, 1.0)
+    assert h.up
+    release = threading.Event()
+    with trio.fail_after(2):  # a hanging store: degraded once the timeout passes
+        assert not await h.start(lambda: release.wait(10), 0.3)
+    release.set()
+    assert not h.up and "within 0.3s" in h.reason
+    h.mark_up()
+    assert not await h.start(refused, 1.0)
+    assert not h.up and "refused" in h.reason
