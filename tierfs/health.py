@@ -70,10 +70,17 @@ class BackendHealth:
         """The outcome of one request: None for success, else what it raised."""
         if exc is None or isinstance(exc, _ANSWERED):
             self.mark_up()
-        elif isinstance(exc, BackendUnavailable) and self.up:
-            self.reason = str(exc)
-            self._suspect.set()  # run() confirms with a probe before going degraded
+        elif isinstance(exc, BackendUnavailable):
+            self.suspect(str(exc))
         # anything else (a 5xx, a cancelled request, StoreDown itself) says nothing new
+
+    def suspect(self, reason: str) -> None:
+        """Something suggests the store is gone (a request failed as unreachable, or has
+        been running far too long): run() checks with one probe, and only a failed probe
+        makes the mount degraded."""
+        if self.up:
+            self.reason = reason
+            self._suspect.set()
 
     # ---- state changes ---------------------------------------------------------------
 
