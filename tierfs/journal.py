@@ -15,9 +15,9 @@ one per change: {"op": "dirty", "ino", "record", "path"} | {"op": "clean", "ino"
 the live state. Every append is fsynced before the caller returns: a record is durable
 when put_dirty returns, which is when close() may acknowledge.
 
-Damage: a crash can only tear the last append (each one waits for its fsync), so a bad
-record that runs to the end of the file, or zeros to the end, is a torn tail: dropped and
-logged. A bad record with more bytes after it is damage in the middle: opening fails
+Damage: a crash can only tear the last append (each one waits for its fsync), so a last
+record cut short, or with zeros where its blocks never landed, is a torn tail: dropped
+and logged (it was never acknowledged). A bad record with more bytes after it is damage in the middle: opening fails
 with a StartupError naming the file and offset, never silently dropping unsaved writes;
 `tierfs fsck --repair` keeps every record that still verifies (records carry a marker,
 so the ones after a damaged stretch are found again). Compaction rewrites the live state
@@ -104,15 +104,20 @@ def _record_at(data: bytes, pos: int) -> tuple[dict, int] | None:
 
 
 def _runs_past_end(data: bytes, pos: int) -> bool:
-    """A record at pos that could only be a torn append: it claims bytes past the end of
-    the file, or nothing but zeros follows (a filesystem may extend a file before the
-    data lands)."""
+    """Whether a bad record at pos can only be a torn append: it claims bytes past the
+    end of the file, or what a crash leaves where data never landed follows - zeros to
+    the end, or a whole-length last record with NULs in it (JSON never has any). A last
+    record that is whole, NUL-free and still fails its CRC was damaged after it was
+    acknowledged: that is not torn."""
     if not data[pos:].strip(b"\0"):
         return True
     if pos + _REC.size > len(data):  # not even a whole record header
         return True
     mark, length, _ = _REC.unpack_from(data, pos)
-    return mark == MARK and 0 < length <= MAX_BODY and pos + _REC.size + length >= len(data)
+    if mark != MARK or not 0 < length <= MAX_BODY:
+        return False
+    end = pos + _REC.size + length
+    return end > len(data) or (end == len(data) and b"\0" in data[pos + _REC.size:end])
 
 
 def scan_bytes(data: bytes) -> Scan:

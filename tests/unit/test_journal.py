@@ -106,6 +106,29 @@ def test_a_corrupt_record_in_the_middle_is_an_error_naming_the_file(jpath):
     assert [op["ino"] for _, op in scan.ops] == [2, 3]  # the records after it are found
 
 
+def test_a_whole_last_record_that_fails_its_crc_is_damage_not_a_torn_tail(jpath):
+    j = Journal.open(jpath)
+    j.put_dirty(1, record("a"))
+    j.put_dirty(2, record("acknowledged"))
+    j.close()
+    data = bytearray(Path(jpath).read_bytes())
+    data[-3] ^= 0x01  # bit rot in an fsynced record: its writer was told it was saved
+    Path(jpath).write_bytes(data)
+    with pytest.raises(JournalDamaged, match="fail their checksum"):
+        Journal.open(jpath)
+
+
+def test_a_last_record_whose_blocks_never_landed_is_torn(jpath):
+    j = Journal.open(jpath)
+    j.put_dirty(1, record("a"))
+    j.put_dirty(2, record("b"))
+    j.close()
+    data = bytearray(Path(jpath).read_bytes())
+    data[-40:] = bytes(40)  # the size was extended, the last block is zeros
+    Path(jpath).write_bytes(data)
+    assert [i for i, _ in Journal.open(jpath).dirty_records()] == [1]
+
+
 def test_a_foreign_file_is_damage_not_an_empty_journal(jpath):
     with open(jpath, "wb") as f:
         f.write(b"this is not a journal\n" * 10)
