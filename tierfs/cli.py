@@ -18,7 +18,8 @@ from typing import NoReturn
 
 from . import sdnotify
 from .config import (FLAG_OPTIONS, MountConfig, build_config, build_config_with_file,
-                     parse_o_options, read_config_file)
+                     parse_o_options, printable, read_config_file)
+from .cachedir import private_umask
 from .errors import StartupError, TierfsError, UsageError
 from .mountinfo import is_mountpoint
 from .runpaths import pid_file
@@ -53,19 +54,27 @@ _MOUNT_OPTIONS = [
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         # self.prog is "tierfs" or "tierfs mount": the command to ask for help is exactly it
-        sys.stderr.write(f"tierfs: error: {message} (see '{self.prog} --help')\n")
+        sys.stderr.write(f"tierfs: error: {printable(message)} (see '{self.prog} --help')\n")
         sys.exit(2)
 
 
 def _fail(message: str, code: int = 1) -> NoReturn:
-    sys.stderr.write(f"tierfs: error: {message}\n")
+    sys.stderr.write(f"tierfs: error: {printable(message)}\n")  # one line, whatever it quotes
     sys.exit(code)
+
+
+def _mount_epilog() -> str:
+    """The worst-case time to EIO of the default options (tierfs/backend/budget.py)."""
+    from .backend.budget import default_read_budget
+
+    return default_read_budget().explain()
 
 
 def _parser() -> argparse.ArgumentParser:
     p = _Parser(prog="tierfs", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    m = sub.add_parser("mount", help="mount a bucket")
+    m = sub.add_parser("mount", help="mount a bucket", epilog=_mount_epilog(),
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     m.add_argument("source", nargs="?", help="s3://BUCKET[/PREFIX] or file:///DIR")
     m.add_argument("mountpoint", nargs="?")
     m.add_argument("--config", metavar="FILE",
@@ -174,6 +183,7 @@ def check_fuse_device(path: str = "/dev/fuse") -> None:
 
 def _mount(args: argparse.Namespace, argv: list[str] | None) -> None:
     cfg = _config(args)
+    private_umask()  # cache, index, journal, log: the mounting user's alone (tierfs/cachedir.py)
     check_fuse_device()
     if not args.foreground:
         _spawn_background(cfg, sys.argv[1:] if argv is None else argv)

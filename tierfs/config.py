@@ -140,6 +140,11 @@ def _show(value: object, limit: int = 60) -> str:
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
+def printable(text: str) -> str:
+    """A message for one line of a terminal or log: control characters as escapes."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
 def check_text(value: object, *, max_len: int = MAX_TEXT, what: str = "text") -> str:
     """A string without control characters (no newline that forges a log line, no escape
     sequence) and at most max_len characters."""
@@ -570,6 +575,8 @@ def read_config_file(path: str) -> dict[str, object]:
         raise UsageError(f"cannot read config file {path}: {exc.strerror}") from None
     except tomllib.TOMLDecodeError as exc:
         raise UsageError(f"{path}: invalid TOML: {exc}") from None
+    except UnicodeDecodeError:
+        raise UsageError(f"{path}: invalid TOML: not UTF-8 text") from None
     out: dict[str, object] = {}
     for raw_key, value in data.items():
         key = raw_key.replace("-", "_")

@@ -2,8 +2,10 @@
 
 Transport: a unix stream socket (tierfs.runpaths.control_socket), mode 0600 in a 0700
 directory, and each connection's peer uid is checked (SO_PEERCRED): only root and the
-user who mounted may talk to it. Protocol (docs/control.md): one JSON request line per
-connection, answered by zero or more event lines and one final line:
+user who mounted may talk to it. Protocol (docs/control.md; the messages are typed in
+tierfs/protocol.py, shared with the clients): one JSON request line per connection, at
+most protocol.MAX_REQUEST bytes and sent within protocol.IDLE_TIMEOUT_S, answered by zero
+or more event lines and one final line:
 
     -> {"v": 1, "op": "warm", "paths": ["data/train"], "pin": true, "job": "42"}
     <- {"v": 1, "event": "progress", "bytes_done": ..., ...}      (warm only)
@@ -16,7 +18,6 @@ both; within a version, fields are only ever added and readers ignore unknown on
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
@@ -28,15 +29,16 @@ from typing import Any, Callable
 
 import trio
 
+from . import protocol
 from .cache import ChunkCache
 from .errors import StartupError, TierfsError, UsageError
 from .metrics import Metrics
+from .protocol import (IDLE_TIMEOUT_S, MAX_REQUEST, PROTOCOL, EvictRequest, Request,
+                       StatusRequest, UnpinRequest, WarmRequest)
 from .warm import Warmer
 
 log = logging.getLogger(__name__)
 
-PROTOCOL = 1
-MAX_REQUEST = 4 << 20  # a manifest of ~50,000 paths
 _PEERCRED = struct.Struct("3i")  # pid, uid, gid
 
 
@@ -83,16 +85,15 @@ class ControlServer:
                 log.exception("control request failed")
                 with trio.move_on_after(1):
                     try:
-                        await stream.send_all(json.dumps(
+                        await stream.send_all(protocol.dumps(
                             {"v": PROTOCOL, "ok": False,
-                             "error": "internal error (the daemon's log has details)"}
-                        ).encode() + b"\n")
+                             "error": "internal error (the daemon's log has details)"}))
                     except (trio.BrokenResourceError, trio.ClosedResourceError):
                         pass
 
     async def _answer(self, stream: trio.SocketStream) -> None:
         async def send(msg: dict) -> None:
-            await stream.send_all(json.dumps({"v": PROTOCOL, **msg}).encode() + b"\n")
+            await stream.send_all(protocol.dumps({"v": PROTOCOL, **msg}))
 
         _, uid, _ = _PEERCRED.unpack(stream.socket.getsockopt(
             socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size))
@@ -101,14 +102,8 @@ class ControlServer:
                                               "who mounted may control this mount"})
             return
         try:
-            request = await _read_request(stream)
-            op = request.get("op")
-            if request.get("v") != PROTOCOL:
-                raise UsageError(f"protocol version {request.get('v')!r} is not supported "
-                                 f"(this daemon speaks {PROTOCOL}): use a matching tierfs")
-            handler = _OPS.get(op) if isinstance(op, str) else None
-            if handler is None:
-                raise UsageError(f"unknown request {op!r}")
+            request = protocol.parse_request(await _read_line(stream))
+            handler = _OPS[type(request)]
             result = await self._until_hangup(stream, handler(self, request, send))
         except TierfsError as exc:
             await send({"ok": False, "error": str(exc)})
@@ -139,7 +134,7 @@ class ControlServer:
 
     # ---- operations ------------------------------------------------------------------
 
-    async def status(self, req: dict, send: Any) -> dict:
+    async def status(self, req: StatusRequest, send: Any) -> dict:
         c, m = self.cache, self.metrics
         read = {src: m.value("tierfs_read_bytes_total", source=src)
                 for src in ("memory", "disk", "backend")}
@@ -164,24 +159,17 @@ class ControlServer:
                 "backend_requests": {op: m.value("tierfs_backend_requests_total", op=op)
                                      for op in ("get", "list", "head", "put")}}
 
-    async def warm(self, req: dict, send: Any) -> dict:
-        paths = _paths(req)
-        job = _opt_str(req, "job")
-        ttl = req.get("pin_ttl")
-        if ttl is not None and (not isinstance(ttl, (int, float)) or ttl <= 0):
-            raise UsageError("pin_ttl must be a positive number of seconds")
-        owner = f"job:{job}" if job else ("manual" if req.get("pin") else None)
-        concurrency = req.get("concurrency") or self.warm_concurrency
-        if not isinstance(concurrency, int) or not 1 <= concurrency <= 256:
-            raise UsageError("concurrency must be between 1 and 256")
-        check = bool(req.get("check"))
+    async def warm(self, req: WarmRequest, send: Any) -> dict:
+        paths, check, ttl = req.paths, req.check, req.pin_ttl  # typed and ranged (protocol.py)
+        owner = req.pin_owner
+        concurrency = req.concurrency or self.warm_concurrency
         log.info("warm of %d paths requested%s%s", len(paths), " (check only)" if check else "",
-                 f", pinned for {owner}" if owner and not check else "")
+                 f", pinned for {owner}" if owner else "")
 
         async def progress(event: dict) -> None:
             await send(event)
 
-        result = await self.warmer.warm(paths, check=check, pin_owner=None if check else owner,
+        result = await self.warmer.warm(paths, check=check, pin_owner=owner,
                                         pin_expires=time.time() + ttl if ttl else None,
                                         concurrency=concurrency, progress=progress)
         log.info("warm done: %d files, %d bytes, %d already cached, %d fetched, %d errors",
@@ -189,22 +177,23 @@ class ControlServer:
                  result["bytes_fetched"], result["error_count"])
         return result
 
-    async def evict(self, req: dict, send: Any) -> dict:
-        return await self.warmer.evict(_paths(req))
+    async def evict(self, req: EvictRequest, send: Any) -> dict:
+        return await self.warmer.evict(req.paths)
 
-    async def unpin(self, req: dict, send: Any) -> dict:
+    async def unpin(self, req: UnpinRequest, send: Any) -> dict:
         pins = self.cache.pins
-        job = _opt_str(req, "job")
-        if req.get("all"):
+        job = req.job
+        if req.all:
             owners = [o for o in pins.owners if not o.startswith("warm:")]
             return {"owners_released": owners, "objects": sum(pins.release(o) for o in owners)}
         if job:
             return {"owners_released": [f"job:{job}"], "objects": pins.release(f"job:{job}")}
-        return await self.warmer.unpin(_paths(req))
+        return await self.warmer.unpin(req.paths)
 
 
-_OPS = {"status": ControlServer.status, "warm": ControlServer.warm,
-        "evict": ControlServer.evict, "unpin": ControlServer.unpin}
+_OPS: dict[type[Request], Callable[..., Any]] = {
+    StatusRequest: ControlServer.status, WarmRequest: ControlServer.warm,
+    EvictRequest: ControlServer.evict, UnpinRequest: ControlServer.unpin}
 
 
 def prepare_socket_dir(path: str) -> None:
@@ -224,36 +213,21 @@ def prepare_socket_dir(path: str) -> None:
                            f"{exc.strerror}") from None
 
 
-async def _read_request(stream: trio.SocketStream) -> dict:
-    buf = b""
-    while b"\n" not in buf:
-        data = await stream.receive_some(1 << 16)
-        if not data:
-            raise UsageError("the request ended before its newline")
-        buf += data
-        if len(buf) > MAX_REQUEST:
-            raise UsageError(f"request larger than {MAX_REQUEST} bytes")
-    try:
-        request = json.loads(buf.split(b"\n", 1)[0])
-    except ValueError as exc:
-        raise UsageError(f"the request is not JSON: {exc}") from None
-    if not isinstance(request, dict):
-        raise UsageError("the request must be a JSON object")
-    return request
-
-
-def _paths(req: dict) -> list[str]:
-    paths = req.get("paths")
-    if not isinstance(paths, list) or not paths or not all(isinstance(p, str) for p in paths):
-        raise UsageError("paths must be a non-empty list of paths relative to the mount")
-    return paths
-
-
-def _opt_str(req: dict, name: str) -> str | None:
-    value = req.get(name)
-    if value is not None and (not isinstance(value, str) or not value.strip()):
-        raise UsageError(f"{name} must be a non-empty string")
-    return value
+async def _read_line(stream: trio.SocketStream) -> bytes:
+    """The request line: at most MAX_REQUEST bytes, complete within IDLE_TIMEOUT_S (a
+    client that connects and says nothing does not hold a connection for ever)."""
+    buf = bytearray()
+    with trio.move_on_after(IDLE_TIMEOUT_S) as idle:
+        while b"\n" not in buf:
+            data = await stream.receive_some(1 << 16)
+            if not data:
+                raise UsageError("the request ended before its newline")
+            buf += data
+            if buf.find(b"\n") > MAX_REQUEST or (b"\n" not in buf and len(buf) > MAX_REQUEST):
+                raise UsageError(f"request larger than {MAX_REQUEST} bytes")
+    if idle.cancelled_caught:
+        raise UsageError(f"no complete request within {IDLE_TIMEOUT_S:g}s")
+    return bytes(buf[:buf.index(b"\n")])
 
 
 def _ratio(part: float, whole: float) -> float | None:

@@ -16,17 +16,22 @@ import argparse
 import json
 import os
 import socket
+import stat
 import sys
 import time
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
-from .config import format_size, parse_duration
+from pydantic import ValidationError
+
+from . import protocol
+from .config import (MANIFEST_MAX_BYTES, MANIFEST_MAX_PATHS, MAX_DURATION, check_job_id,
+                     format_size, parse_duration)
 from .errors import TierfsError, UsageError
 from .mountinfo import mounts
+from .protocol import MAX_REPLY, ProtocolError
 from .runpaths import control_socket
 
-PROTOCOL = 1
 IDLE_TIMEOUT_S = 120.0  # a warm sends progress every 0.5 s; silence this long is a hang
 NOT_CACHED = 3
 
@@ -89,23 +94,59 @@ def group_by_mount(paths: list[str]) -> tuple[dict[TierfsMount, list[str]], int]
 
 def read_manifest(path: str) -> list[str]:
     """One path or glob per line; blank lines and '#' comments are skipped. Relative
-    lines are relative to the current directory, like paths on the command line."""
+    lines are relative to the current directory, like paths on the command line.
+
+    A regular file of at most MANIFEST_MAX_BYTES: /dev/zero, a FIFO or a huge file is
+    refused up front instead of read until memory runs out (or for ever)."""
     try:
-        with open(path, encoding="utf-8") as f:
-            lines = [ln.strip() for ln in f]
+        # O_NONBLOCK: opening a FIFO does not wait for a writer; fstat then refuses it
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as exc:
         raise UsageError(f"cannot read manifest {path}: {exc.strerror}") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise UsageError(f"manifest {path} is not a regular file")
+        data = b""
+        while len(data) <= MANIFEST_MAX_BYTES:
+            chunk = os.read(fd, MANIFEST_MAX_BYTES + 1 - len(data))
+            if not chunk:
+                break
+            data += chunk
+    except OSError as exc:
+        raise UsageError(f"cannot read manifest {path}: {exc.strerror}") from None
+    finally:
+        os.close(fd)
+    if len(data) > MANIFEST_MAX_BYTES:
+        raise UsageError(f"manifest {path} is larger than {format_size(MANIFEST_MAX_BYTES)}: "
+                         f"split it")
+    try:
+        lines = [ln.strip() for ln in data.decode("utf-8").splitlines()]
     except UnicodeDecodeError:
         raise UsageError(f"manifest {path} is not UTF-8 text") from None
-    return [ln for ln in lines if ln and not ln.startswith("#")]
+    paths = [ln for ln in lines if ln and not ln.startswith("#")]
+    if len(paths) > MANIFEST_MAX_PATHS:
+        raise UsageError(f"manifest {path} names more than {MANIFEST_MAX_PATHS} paths")
+    return paths
 
 
 # ---- the protocol ------------------------------------------------------------------------
 
 
+def encode(op: str, fields: dict[str, object]) -> bytes:
+    """A request line, checked by the same model the daemon uses: a bad field (a job id
+    with a newline, a TTL beyond a year) is one usage error here, before any connection."""
+    try:
+        return protocol.REQUESTS[op](**fields).encode()
+    except ValidationError as exc:
+        from .config import usage_error
+        raise usage_error(exc) from None
+
+
 def request(mount: TierfsMount, op: str, *, on_event: Callable[[dict], None] | None = None,
             **fields: object) -> dict:
-    """Send one request; call on_event for each event line; return the result."""
+    """Send one request; call on_event for each event line; return the result (checked
+    against the op's result model; a reply that is not one is a ControlError line)."""
+    line = encode(op, fields)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.settimeout(IDLE_TIMEOUT_S)
     try:
@@ -120,15 +161,19 @@ def request(mount: TierfsMount, op: str, *, on_event: Callable[[dict], None] | N
         except ConnectionRefusedError:
             raise ControlError(f"{mount.mountpoint}: its tierfs daemon is not running "
                                "(stale socket)") from None
-        sock.sendall(json.dumps({"v": PROTOCOL, "op": op, **fields}).encode() + b"\n")
-        for msg in _lines(sock, mount):
-            if "event" in msg:
+        sock.sendall(line)
+        for msg in _replies(sock, mount):
+            if isinstance(msg, protocol.Event):
                 if on_event is not None:
-                    on_event(msg)
+                    on_event(msg.model_dump())
                 continue
-            if not msg.get("ok"):
-                raise ControlError(f"{mount.mountpoint}: {msg.get('error', 'request failed')}")
-            return msg.get("result") or {}
+            if not msg.ok:
+                why = " ".join((msg.error or "request failed").split())  # one line
+                raise ControlError(f"{mount.mountpoint}: {why}")
+            try:
+                return protocol.check_result(op, msg.result or {})
+            except ProtocolError as exc:
+                raise ControlError(f"{mount.mountpoint}: {exc}") from None
         raise ControlError(f"{mount.mountpoint}: the daemon closed the connection "
                            "without an answer (did it stop?)")
     except socket.timeout:
@@ -138,19 +183,27 @@ def request(mount: TierfsMount, op: str, *, on_event: Callable[[dict], None] | N
         sock.close()
 
 
-def _lines(sock: socket.socket, mount: TierfsMount) -> Iterator[dict]:
-    buf = b""
+def _replies(sock: socket.socket, mount: TierfsMount
+             ) -> Iterator[protocol.Event | protocol.Final]:
+    """The reply lines, parsed; a line longer than MAX_REPLY or not a message of the
+    protocol ends the exchange with one ControlError (the buffer never grows past it)."""
+    buf = bytearray()
     while True:
         data = sock.recv(1 << 16)
         if not data:
             return
         buf += data
-        while b"\n" in buf:
-            line, buf = buf.split(b"\n", 1)
+        while (end := buf.find(b"\n")) >= 0:
+            line = bytes(buf[:end])
+            del buf[:end + 1]
             try:
-                yield json.loads(line)
-            except ValueError:
-                raise ControlError(f"{mount.mountpoint}: garbled answer from the daemon") from None
+                yield protocol.parse_reply(line)
+            except ProtocolError as exc:
+                raise ControlError(f"{mount.mountpoint}: garbled answer from the daemon: "
+                                   f"{exc}") from None
+        if len(buf) > MAX_REPLY:
+            raise ControlError(f"{mount.mountpoint}: the daemon's answer is longer than "
+                               f"{format_size(MAX_REPLY)}")
 
 
 # ---- output ------------------------------------------------------------------------------
@@ -235,8 +288,7 @@ def _status(args: argparse.Namespace) -> int:
         ("pinned", f"{format_size(pin['bytes'])} in {pin['files']} files"),
     ]
     for o in pin["owners"]:
-        until = ("" if o["expires"] is None else
-                 " until " + time.strftime("%Y-%m-%d %H:%M", time.localtime(o["expires"])))
+        until = "" if o.get("expires") is None else " until " + _when(o["expires"])
         rows.append(("", f"{o['owner']}: {o['files']} files, {format_size(o['bytes'])}{until}"))
     rows.append(("unsaved", f"{format_size(st['dirty_bytes'])}, {st['uploads_pending']} uploads pending"))
     if "backend_up" in st:  # a daemon from before degraded mode does not say
@@ -245,6 +297,14 @@ def _status(args: argparse.Namespace) -> int:
     for k, v in rows:
         print(f"{k:<12} {v}")
     return 0
+
+
+def _when(t: float) -> str:
+    """A pin's expiry; one set before TTLs were bounded may lie beyond what a date holds."""
+    try:
+        return time.strftime("%Y-%m-%d %H:%M", time.localtime(t))
+    except (OverflowError, OSError, ValueError):
+        return "far in the future"
 
 
 def _warm(args: argparse.Namespace) -> int:
@@ -259,7 +319,7 @@ def _warm(args: argparse.Namespace) -> int:
     if args.pin or args.pin_ttl or args.job is not None:
         fields["pin"] = True
     if args.pin_ttl:
-        fields["pin_ttl"] = parse_duration(args.pin_ttl, "pin-ttl")
+        fields["pin_ttl"] = _pin_ttl(args.pin_ttl)
     if args.concurrency is not None:
         fields["concurrency"] = args.concurrency
     groups, status = group_by_mount(paths)
@@ -293,6 +353,34 @@ def _warm(args: argparse.Namespace) -> int:
         elif args.check and res["bytes_cached_before"] < res["bytes"] and status == 0:
             status = NOT_CACHED
     return status
+
+
+def _pin_ttl(text: str) -> float:
+    ttl = parse_duration(text, "pin-ttl")
+    if not 0 < ttl <= MAX_DURATION:
+        raise UsageError(f"invalid pin-ttl {text!r}: must be more than 0s and at most 365d")
+    return ttl
+
+
+def _positive_int(text: str) -> int:
+    """argparse type of --concurrency: 0 or 'many' is refused, not silently the default."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if not 1 <= value <= 256:
+        raise argparse.ArgumentTypeError(f"{value} is not between 1 and 256")
+    return value
+
+
+def _job_id(text: str) -> str:
+    """argparse type of --job: the protocol's job id (no newline to forge a log line,
+    at most 64 characters)."""
+    try:
+        return check_job_id(text)
+    except ValueError as exc:
+        shown = repr(text) if len(text) <= 40 else repr(text[:37]) + "..."
+        raise argparse.ArgumentTypeError(f"{shown}: {exc}") from None
 
 
 def _warm_summary(mount: TierfsMount, r: dict, check: bool) -> str:
@@ -374,8 +462,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                    help="only report how much is cached (exit 3 if not all); fetch nothing")
     w.add_argument("--pin", action="store_true", help="keep the warmed files from eviction")
     w.add_argument("--pin-ttl", metavar="DURATION", help="release the pin after this long (24h)")
-    w.add_argument("--job", metavar="ID", help="pin for this job; `tierfs unpin --job ID` releases")
-    w.add_argument("--concurrency", type=int, metavar="N",
+    w.add_argument("--job", metavar="ID", type=_job_id,
+                   help="pin for this job; `tierfs unpin --job ID` releases")
+    w.add_argument("--concurrency", type=_positive_int, metavar="N",
                    help="parallel GETs (default: the mount's warm-concurrency, 16)")
     w.add_argument("--json", action="store_true", help="JSON lines: progress events, a summary")
     w.set_defaults(run=_warm)
@@ -387,7 +476,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
 
     u = sub.add_parser("unpin", help="release pins (of paths, of a job, or all)")
     u.add_argument("paths", nargs="*", metavar="PATH")
-    u.add_argument("--job", metavar="ID", help="release this job's pins on every tierfs mount")
+    u.add_argument("--job", metavar="ID", type=_job_id,
+                   help="release this job's pins on every tierfs mount")
     u.add_argument("--all", action="store_true", help="release every pin on every tierfs mount")
     u.add_argument("--mount", action="append", metavar="MOUNTPOINT",
                    help="with --job/--all: only this mount (repeatable; the Slurm epilog)")

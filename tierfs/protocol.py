@@ -1,0 +1,280 @@
+"""The control socket's messages, typed once for the daemon (control.py) and its clients
+(ctl.py, and through them the Slurm hooks): docs/control.md.
+
+One JSON request line per connection, answered by event lines and one final line. Both
+ends parse with the same rules: a line is at most MAX_REQUEST (requests) or MAX_REPLY
+(replies) bytes, it is one JSON object, NaN and Infinity are refused (json.loads would
+take them, and a NaN pin TTL once made pins nobody could show), and each request is a
+model with types and ranges: a bad field is one error line naming it, never a traceback
+on either side. "v" is the major version: within it fields are only ever added, and
+readers ignore the ones they do not know.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any, Literal
+
+from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field,
+                      ValidationError, model_validator)
+
+from .config import MAX_DURATION, MAX_TEXT, check_job_id, usage_error
+from .errors import TierfsError, UsageError
+
+PROTOCOL = 1
+# a request carries at most a 1 MiB manifest's paths (config.MANIFEST_MAX_BYTES), which
+# JSON escaping can make larger; only root and the mounting user get to send one
+MAX_REQUEST = 2 << 20
+MAX_REPLY = 4 << 20  # one reply line; a warm's result lists at most 50 errors
+MAX_PATHS = 100_000
+IDLE_TIMEOUT_S = 30.0  # a connection that sends no complete request in this long is closed
+
+
+class ProtocolError(TierfsError):
+    """A line that is not a message of this protocol (either direction)."""
+
+
+def loads(line: bytes | str) -> Any:
+    """One JSON line -> a value; NaN/Infinity, bad UTF-8 and absurd nesting are errors."""
+    def no_constants(name: str) -> Any:
+        raise ValueError(f"{name} is not a number this protocol takes")
+
+    try:
+        text = line.decode("utf-8") if isinstance(line, bytes) else line  # no BOM sniffing
+        return json.loads(text, parse_constant=no_constants)
+    except RecursionError:
+        raise ProtocolError("the line nests too deeply") from None
+    except UnicodeDecodeError:
+        raise ProtocolError("the line is not UTF-8") from None
+    except ValueError as exc:
+        raise ProtocolError(f"the line is not JSON: {exc}") from None
+
+
+def dumps(message: dict) -> bytes:
+    """A message as one line; a NaN in it is a bug of the sender, not something to send."""
+    return json.dumps(message, allow_nan=False, separators=(",", ":")).encode() + b"\n"
+
+
+# ---- requests ------------------------------------------------------------------------------
+
+
+def _rel_path(value: str) -> str:
+    if "\0" in value:
+        raise ValueError("a path must not contain NUL")
+    return value
+
+
+RelPath = Annotated[str, Field(max_length=MAX_TEXT), AfterValidator(_rel_path)]
+Paths = Annotated[list[RelPath], Field(min_length=1, max_length=MAX_PATHS)]
+JobId = Annotated[str, BeforeValidator(check_job_id)]
+
+
+class _Request(BaseModel):
+    # strict: "true" is not true and 5.0 is not 5 on the wire; unknown fields are ignored
+    model_config = ConfigDict(strict=True, frozen=True, extra="ignore", allow_inf_nan=False)
+
+    v: Literal[1] = PROTOCOL
+
+    def encode(self) -> bytes:
+        if len(line := dumps(self.model_dump(exclude_none=True))) > MAX_REQUEST:
+            raise UsageError(f"the request is larger than {MAX_REQUEST >> 20} MiB: "
+                             f"give fewer paths per call")
+        return line
+
+
+class StatusRequest(_Request):
+    op: Literal["status"] = "status"
+
+
+class WarmRequest(_Request):
+    op: Literal["warm"] = "warm"
+    paths: Paths
+    check: bool = False  # only report how much is cached
+    pin: bool = False
+    job: JobId | None = None  # pin for this job (implies pin)
+    pin_ttl: Annotated[float, Field(gt=0, le=MAX_DURATION)] | None = None  # seconds
+    concurrency: Annotated[int, Field(ge=1, le=256)] | None = None  # default: the mount's
+
+    @property
+    def pin_owner(self) -> str | None:
+        if self.check:
+            return None
+        return f"job:{self.job}" if self.job else ("manual" if self.pin or self.pin_ttl
+                                                   else None)
+
+
+class EvictRequest(_Request):
+    op: Literal["evict"] = "evict"
+    paths: Paths
+
+
+class UnpinRequest(_Request):
+    op: Literal["unpin"] = "unpin"
+    paths: Annotated[list[RelPath], Field(max_length=MAX_PATHS)] = []
+    job: JobId | None = None
+    all: bool = False
+
+    @model_validator(mode="after")
+    def _one_target(self) -> "UnpinRequest":
+        if sum((bool(self.paths), self.job is not None, self.all)) != 1:
+            raise ValueError("unpin takes paths, job or all (one of them)")
+        return self
+
+
+Request = StatusRequest | WarmRequest | EvictRequest | UnpinRequest
+REQUESTS: dict[str, type[_Request]] = {"status": StatusRequest, "warm": WarmRequest,
+                                       "evict": EvictRequest, "unpin": UnpinRequest}
+
+
+def parse_request(line: bytes) -> Request:
+    """The daemon's side: one request line -> a typed request, or UsageError (one line)."""
+    try:
+        data = loads(line)
+    except ProtocolError as exc:
+        raise UsageError(f"bad request: {exc}") from None
+    if not isinstance(data, dict):
+        raise UsageError("bad request: it must be a JSON object")
+    if data.get("v") != PROTOCOL:
+        raise UsageError(f"protocol version {_short(data.get('v'))} is not supported "
+                         f"(this daemon speaks {PROTOCOL}): use a matching tierfs")
+    op = data.get("op")
+    model = REQUESTS.get(op) if isinstance(op, str) else None
+    if model is None:
+        raise UsageError(f"unknown request {_short(op)}")
+    try:
+        return model.model_validate(data)  # type: ignore[return-value]
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        if err["loc"][:1] == ("paths",) and err["type"] in ("list_type", "too_short",
+                                                             "string_type"):
+            raise UsageError(f"{op} request: paths must be a non-empty list of paths "
+                             f"relative to the mount") from None
+        raise usage_error(exc, f"{op} request: ") from None
+
+
+def _short(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+# ---- replies -------------------------------------------------------------------------------
+
+
+class _Reply(BaseModel):
+    model_config = ConfigDict(strict=True, extra="allow", allow_inf_nan=False)
+    v: Literal[1]
+
+
+class Event(_Reply):
+    event: Annotated[str, Field(max_length=64)]
+
+
+class Final(_Reply):
+    ok: bool
+    result: dict[str, Any] | None = None
+    error: Annotated[str, Field(max_length=MAX_TEXT * 4)] | None = None
+
+
+def parse_reply(line: bytes) -> Event | Final:
+    """The client's side: one reply line -> an event or the final answer (ProtocolError)."""
+    data = loads(line)
+    if not isinstance(data, dict):
+        raise ProtocolError("a reply line is not a JSON object")
+    try:
+        return Event.model_validate(data) if "event" in data else Final.model_validate(data)
+    except ValidationError as exc:
+        raise ProtocolError(f"a malformed reply ({usage_error(exc)})") from None
+
+
+# the results the clients print from: validated, so a field they index is there and typed
+class _Result(BaseModel):
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
+
+
+Count = Annotated[int, Field(ge=0)]
+
+
+class Usage(_Result):
+    used: Count
+    budget: Count = 0
+    chunks: Count = 0
+    capacity: Count = 0
+
+
+class PinOwner(_Result):
+    owner: str
+    files: Count
+    bytes: Count
+    expires: float | None = None
+
+
+class Pinned(_Result):
+    files: Count
+    bytes: Count
+    owners: list[PinOwner]
+
+
+class HitRatio(_Result):
+    bytes: float | None = None
+
+
+class StatusResult(_Result):
+    mountpoint: str
+    source: str
+    cache_dir: str
+    pid: int
+    uptime_s: Annotated[float, Field(ge=0)]
+    disk: Usage
+    memory: Usage
+    hit_ratio: HitRatio
+    pinned: Pinned
+    dirty_bytes: Count
+    uploads_pending: Count
+
+
+class PathError(_Result):
+    path: str
+    error: str
+
+
+class _PerPath(_Result):
+    files: Count = 0
+    errors: Annotated[list[PathError], Field(max_length=10_000)] = []
+    error_count: Count = 0
+
+
+class WarmResult(_PerPath):
+    bytes: Count
+    bytes_cached_before: Count
+    bytes_fetched: Count = 0
+    seconds: Annotated[float, Field(ge=0)] = 0.0
+    fits: bool = True
+    pinned: str | None = None
+    unsaved_files: Count = 0
+
+
+class EvictResult(_PerPath):
+    bytes_evicted: Count
+    pinned_kept: Count = 0
+
+
+class UnpinResult(_PerPath):
+    pins_released: Count | None = None  # by paths
+    owners_released: list[str] = []  # by job or all
+    objects: Count = 0
+
+
+RESULTS: dict[str, type[_Result]] = {"status": StatusResult, "warm": WarmResult,
+                                     "evict": EvictResult, "unpin": UnpinResult}
+
+
+def check_result(op: str, result: dict[str, Any]) -> dict[str, Any]:
+    """A final result, checked against its op's model; returned as the daemon sent it
+    (fields this client does not know pass through, e.g. to --json)."""
+    model = RESULTS.get(op)
+    if model is not None:
+        try:
+            model.model_validate(result)
+        except ValidationError as exc:
+            raise ProtocolError(f"a malformed {op} result ({usage_error(exc)})") from None
+    return result
