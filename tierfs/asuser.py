@@ -282,7 +282,7 @@ class _Resolver:
                 self._resolve(path)
             except _Problem as exc:
                 self.problems.append(str(exc))
-        items = list(self.items)
+        items = _outermost(self.items)
         if len(items) > self.look.max_items:
             self.problems.append(f"the paths come to {len(items)} separate files and folders, "
                                  f"more than {self.look.max_items}: nothing warmed (name "
@@ -428,7 +428,7 @@ class _Resolver:
         if depth > MAX_DEPTH:
             return False, [], (1, path)
         try:
-            entries = list(_scan(path))
+            entries = _scan(path)
         except OSError:
             return False, [], (1, path)
         whole, items, skipped, first = True, [], 0, ""
@@ -456,18 +456,33 @@ class _Resolver:
         return False, items, (skipped, first)
 
 
+def _outermost(items: dict[str, None]) -> list[str]:
+    """The items without those below another item (a folder taken whole covers them)."""
+    out = []
+    for item in items:
+        parent, covered = item, False
+        while not covered and parent != "/":
+            parent = os.path.dirname(parent)
+            covered = parent in items
+        if not covered:
+            out.append(item)
+    return out
+
+
 class _Problem(Exception):
     """One line about one declared thing; the others go on."""
 
 
-def _scan(path: str):
+def _scan(path: str) -> list[os.DirEntry]:
+    """A folder's entries in name order (the same answer, and the same first left-out
+    entry, every time)."""
     with os.scandir(path) as it:
-        yield from it
+        return sorted(it, key=lambda e: e.name)
 
 
 def _entries(path: str) -> list[os.DirEntry]:
     try:
-        return list(_scan(path))
+        return _scan(path)
     except OSError:
         return []
 
