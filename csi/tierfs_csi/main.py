@@ -38,6 +38,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--state-dir", default="/var/lib/tierfs-csi",
                    help="host dir for the volumes' caches and records (default "
                         "/var/lib/tierfs-csi; put it on the node's NVMe)")
+    p.add_argument("--kubelet-dir", default="/var/lib/kubelet",
+                   help="kubelet's root directory: staging and target paths must lie under "
+                        "it (default /var/lib/kubelet)")
     p.add_argument("--driver-name", default=DRIVER_NAME,
                    help=f"CSI driver name (default {DRIVER_NAME})")
     p.add_argument("--mount-timeout", type=float, default=120.0,
@@ -76,8 +79,10 @@ def main(argv: list[str] | None = None) -> None:
         _fail(str(exc), 2)
     if not args.node_id.strip():
         _fail("--node-id must not be empty", 2)
-    if args.mount_timeout <= 0 or args.fs_timeout <= 0:
-        _fail("--mount-timeout and --fs-timeout must be positive", 2)
+    if not (0 < args.mount_timeout <= 86400 and 0 < args.fs_timeout <= 86400):
+        _fail("--mount-timeout and --fs-timeout must be positive (and at most a day)", 2)
+    if not os.path.isabs(args.kubelet_dir) or os.path.normpath(args.kubelet_dir) == "/":
+        _fail(f"--kubelet-dir {args.kubelet_dir!r}: expected an absolute directory, not /", 2)
     logging.basicConfig(stream=sys.stderr, level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
@@ -92,6 +97,7 @@ def serve(args: argparse.Namespace, path: str) -> None:
     import grpc  # after argument checks: bad flags answer without loading gRPC
 
     from . import csi_pb2_grpc as pb_grpc
+    from .paths import KubeletDir
     from .service import Controller, Identity, Node
     from .volumes import Volumes
 
@@ -119,7 +125,8 @@ def serve(args: argparse.Namespace, path: str) -> None:
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
     pb_grpc.add_IdentityServicer_to_server(Identity(args.driver_name, volumes), server)
     pb_grpc.add_ControllerServicer_to_server(Controller(), server)
-    pb_grpc.add_NodeServicer_to_server(Node(args.node_id, volumes), server)
+    pb_grpc.add_NodeServicer_to_server(Node(args.node_id, volumes, KubeletDir(args.kubelet_dir)),
+                                       server)
     try:
         server.add_insecure_port(f"unix://{path}")
     except RuntimeError as exc:
@@ -129,8 +136,9 @@ def serve(args: argparse.Namespace, path: str) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     server.start()
-    log.info("%s %s serving on unix://%s (node %s, state dir %s)", args.driver_name,
-             "tierfs-csi", path, args.node_id, args.state_dir)
+    log.info("%s %s serving on unix://%s (node %s, state dir %s, kubelet dir %s)",
+             args.driver_name, "tierfs-csi", path, args.node_id, args.state_dir,
+             args.kubelet_dir)
     stop.wait()
     log.info("stopping; the tierfs daemons keep serving their volumes")
     server.stop(grace=10).wait()

@@ -1,8 +1,10 @@
 """Volume attributes and mount flags -> the arguments of `tierfs mount`.
 
 Attributes use the CLI's option names (README.md; dashes or underscores), validated by
-tierfs.config itself, so an unknown name or a bad value is refused at NodeStageVolume
-with tierfs's own message, instead of a daemon that fails to start. `bucket` and
+tierfs.config's schema itself (the same types, units and ranges as the command line: a
+memory tier larger than the node's RAM, a NaN, a newline in a region are refused), so an
+unknown name or a bad value is refused at NodeStageVolume with tierfs's own message,
+instead of a daemon that fails to start. `bucket` and
 `prefix` make the source. What the plugin must decide itself (cache dir, log file,
 allow_other) cannot be set by a volume.
 """
@@ -11,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from tierfs.config import MountConfig, build_config, parse_bool, parse_o_options
+from tierfs.config import OPTIONS, build_config, check_text, parse_bool, parse_o_options
 from tierfs.errors import UsageError
 
 # Kubernetes adds these itself (podInfoOnMount, provisioner identity): not ours to judge
@@ -27,9 +29,11 @@ class OptionError(ValueError):
     """Bad volume attribute or mount flag; the message names it."""
 
 
+MAX_ATTRIBUTES = 64  # more than there are options: a bigger map is not a volume's
+
+
 def tierfs_option_names() -> list[str]:
-    return sorted(f.name for f in dataclasses.fields(MountConfig)
-                  if f.name not in ("source", "mountpoint", *_PLUGIN_OWNED))
+    return sorted(n for n in OPTIONS if n not in _PLUGIN_OWNED)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,6 +59,14 @@ def stage_spec(context: dict[str, str], mount_flags: list[str], read_only: bool,
                staging_path: str) -> StageSpec:
     attrs = {k.replace("-", "_"): v for k, v in context.items()
              if not k.startswith(_K8S_PREFIXES)}
+    if len(attrs) > MAX_ATTRIBUTES or len(mount_flags) > MAX_ATTRIBUTES:
+        raise OptionError(f"more than {MAX_ATTRIBUTES} volume attributes or mount flags")
+    for key, value in attrs.items():
+        try:
+            check_text(key, max_len=64, what="a name")
+            check_text(value, what="a value")
+        except ValueError as exc:
+            raise OptionError(f"volume attribute {_short(key)}: {exc}") from None
     bucket = attrs.pop("bucket", "").strip()
     if not bucket:
         raise OptionError("volume attribute 'bucket' is required (volumeAttributes.bucket)")
@@ -89,8 +101,12 @@ def _check_name(key: str, what: str) -> None:
     if key in _PLUGIN_OWNED:
         raise OptionError(f"{what} {key!r} cannot be set: {_PLUGIN_OWNED[key]}")
     if key not in tierfs_option_names():
-        raise OptionError(f"unknown {what} {key!r}; known: "
+        raise OptionError(f"unknown {what} {_short(key)}; known: "
                           f"{', '.join([*_SOURCE_KEYS, *tierfs_option_names()])}")
+
+
+def _short(text: str) -> str:
+    return repr(text) if len(text) <= 60 else repr(text[:57]) + "..."
 
 
 def _as_bool(value: str) -> bool:

@@ -22,6 +22,7 @@ from . import csi_pb2 as pb
 from . import csi_pb2_grpc as pb_grpc
 from .errors import CsiError, invalid
 from .options import OptionError, stage_spec
+from .paths import KubeletDir
 from .records import TargetRecord
 from .volumes import Volumes
 
@@ -67,6 +68,16 @@ def _required(request, *names: str) -> None:
             raise invalid(f"{name} is required")
         if name.endswith("_path") and not os.path.isabs(getattr(request, name)):
             raise invalid(f"{name} must be an absolute path")
+
+
+def _short(text: str) -> str:
+    return repr(text) if len(text) <= 200 else repr(text[:197]) + "..."
+
+
+def _volume_id(volume_id: str) -> None:
+    # ids name records and log lines: bounded, and no control character to forge a line
+    if len(volume_id) > 256 or any(ord(c) < 32 or ord(c) == 127 for c in volume_id):
+        raise invalid("volume_id must be at most 256 characters, without control characters")
 
 
 def _capability(cap: pb.VolumeCapability) -> tuple[str, bool]:
@@ -145,9 +156,10 @@ class Controller(pb_grpc.ControllerServicer):
 
 
 class Node(pb_grpc.NodeServicer):
-    def __init__(self, node_id: str, volumes: Volumes):
+    def __init__(self, node_id: str, volumes: Volumes, kubelet_dir: KubeletDir):
         self.node_id = node_id
         self.volumes = volumes
+        self.kubelet_dir = kubelet_dir  # staging and target paths must lie under it
 
     @_rpc
     def NodeGetInfo(self, request, context):
@@ -163,6 +175,8 @@ class Node(pb_grpc.NodeServicer):
     @_rpc
     def NodeStageVolume(self, request, context):
         _required(request, "volume_id", "staging_target_path", "volume_capability")
+        _volume_id(request.volume_id)
+        self.kubelet_dir.check("staging_target_path", request.staging_target_path)
         _, reader_only = _capability(request.volume_capability)
         try:
             spec = stage_spec(dict(request.volume_context),
@@ -186,6 +200,8 @@ class Node(pb_grpc.NodeServicer):
     def NodePublishVolume(self, request, context):
         _required(request, "volume_id", "staging_target_path", "target_path",
                   "volume_capability")
+        _volume_id(request.volume_id)
+        self.kubelet_dir.check("target_path", request.target_path)
         summary, reader_only = _capability(request.volume_capability)
         want = TargetRecord(request.volume_id, request.target_path,
                             request.staging_target_path, request.readonly or reader_only,
@@ -203,14 +219,19 @@ class Node(pb_grpc.NodeServicer):
 
     @_rpc
     def NodeGetVolumeStats(self, request, context):
-        _required(request, "volume_id", "volume_path")
+        if not request.volume_id:
+            raise invalid("volume_id is required")
+        if not request.volume_path:
+            raise invalid("volume_path is required")
         path = request.volume_path
-        # the mount table first: a stat() of a mount whose daemon is stopped would block
-        if not self.volumes.owns_path(request.volume_id, path):
-            if not os.path.lexists(path):
-                raise CsiError(grpc.StatusCode.NOT_FOUND, f"volume_path {path} does not exist")
+        # only what this plugin staged or published for the volume, by the records and the
+        # mount table (a stat() of a mount whose daemon is stopped would block); anything
+        # else, relative paths included, is NOT_FOUND without looking at it, so the call
+        # tells nothing about the host's other files
+        if not os.path.isabs(path) or not self.volumes.owns_path(request.volume_id, path):
             raise CsiError(grpc.StatusCode.NOT_FOUND,
-                           f"volume {request.volume_id} is not mounted at {path}")
+                           f"volume {_short(request.volume_id)} is not staged or published "
+                           f"at {_short(path)}")
         s = self.volumes.statvfs(path)  # tierfs answers with its cache budget and usage
         unit = pb.VolumeUsage
         return pb.NodeGetVolumeStatsResponse(usage=[

@@ -100,6 +100,7 @@ class Volumes:
                 raise CsiError(grpc.StatusCode.ALREADY_EXISTS,
                                f"staging path {staging} is already mounted with other "
                                f"volume attributes or by another volume")
+        _refuse_non_empty(staging)
         os.makedirs(self.records.volume_dir(volume_id), mode=0o700, exist_ok=True)
         if creds:
             write_private(cred_file, creds)
@@ -188,6 +189,13 @@ class Volumes:
 
     # ------------------------------------------------------------------ unstage
     def unstage(self, volume_id: str, staging: str) -> None:
+        rec = self.records.stage(volume_id)
+        if rec is None or rec.staging_path != staging:
+            # not what this plugin staged for this volume: nothing to undo (the call is
+            # idempotent), and another volume's or anybody's mount there is left alone
+            log.info("unstage of volume %s at %r: not staged there by this plugin, nothing "
+                     "to do", volume_id, staging)
+            return
         busy = [t.target_path for t in self.records.targets(volume_id)
                 if mounts.find(t.target_path)]
         if busy and mounts.find(staging):
@@ -205,9 +213,7 @@ class Volumes:
                     raise CsiError(grpc.StatusCode.INTERNAL,
                                    f"tierfs unmount {staging} failed: {_last_line(r.stderr)}")
         _rmdir(staging)
-        rec = self.records.stage(volume_id)
-        if rec is None or rec.staging_path == staging:
-            self.records.drop_stage(volume_id)
+        self.records.drop_stage(volume_id)
         log.info("unstaged volume %s from %s (cache kept)", volume_id, staging)
 
     # ------------------------------------------------------------------ publish
@@ -230,13 +236,29 @@ class Volumes:
                 raise CsiError(grpc.StatusCode.ALREADY_EXISTS,
                                f"target path {target} is already published with other "
                                "arguments or another volume")
+        _refuse_non_empty(target)
+        created = not os.path.lexists(target)
         os.makedirs(target, exist_ok=True)
-        mounts.bind(want.staging_path, target, want.readonly)
+        # recorded before binding: a plugin that dies in between leaves a record, so the
+        # unpublish that follows still undoes the bind (it acts on recorded targets only)
         self.records.save_target(want)
+        try:
+            mounts.bind(want.staging_path, target, want.readonly)
+        except BaseException:
+            self.records.drop_target(want.volume_id, target)
+            if created:
+                _rmdir(target)
+            raise
         log.info("published volume %s at %s%s", want.volume_id, target,
                  " (read-only)" if want.readonly else "")
 
     def unpublish(self, volume_id: str, target: str) -> None:
+        if self.records.target(volume_id, target) is None:
+            # not published there by this plugin for this volume: nothing to undo, and a
+            # mount or directory someone else made is left alone
+            log.info("unpublish of volume %s at %r: not published there by this plugin, "
+                     "nothing to do", volume_id, target)
+            return
         if mounts.find(target):
             mounts.unmount_all(target, self.fs_timeout)
             log.info("unpublished volume %s from %s", volume_id, target)
@@ -277,6 +299,20 @@ class Volumes:
 def _same_fs(a: str, b: str) -> bool:
     ea, eb = mounts.find(a), mounts.find(b)
     return ea is not None and eb is not None and ea.dev == eb.dev
+
+
+def _refuse_non_empty(path: str) -> None:
+    """A mount over a directory with files would hide them (and whatever put them there
+    did not expect a volume): kubelet hands the plugin missing or empty directories."""
+    if mounts.find(path):
+        return
+    try:
+        names = os.listdir(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return
+    if names:
+        raise CsiError(grpc.StatusCode.FAILED_PRECONDITION,
+                       f"{path} is a non-empty directory: refusing to mount over it")
 
 
 def _rmdir(path: str) -> None:

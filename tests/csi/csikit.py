@@ -34,6 +34,7 @@ class Plugin:
         self.extra_args = list(extra_args)
         self.socket = root / "plugin" / "csi.sock"
         self.state_dir = root / "state"
+        self.kubelet_dir = root / "kubelet"  # Kubelet's root: the plugin mounts only under it
         self.log_path = root / "plugin.log"
         self.env = env
         self.proc: subprocess.Popen | None = None
@@ -42,9 +43,11 @@ class Plugin:
     @property
     def argv(self) -> list[str]:
         return [sys.executable, "-m", "tierfs_csi", "--endpoint", f"unix://{self.socket}",
-                "--node-id", "node-1", "--state-dir", str(self.state_dir), *self.extra_args]
+                "--node-id", "node-1", "--state-dir", str(self.state_dir),
+                "--kubelet-dir", str(self.kubelet_dir), *self.extra_args]
 
     def start(self, timeout: float = 30.0) -> "Plugin":
+        self.kubelet_dir.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, stdout=log,
                                          stderr=subprocess.STDOUT, env=self.env)

@@ -39,6 +39,7 @@ class ContainerPlugin:
                    "--", sys.executable, "-m", "tierfs_csi", "--endpoint",
                    f"unix://{self.socket}", "--node-id", "node-1",
                    "--state-dir", str(self.work / "state"),
+                   "--kubelet-dir", str(self.work / "kubelet"),
                    *(["--systemd-scopes"] if self.scopes else []))
         channel = grpc.insecure_channel(f"unix://{self.socket}")
         deadline = time.monotonic() + 60

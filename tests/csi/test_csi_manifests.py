@@ -56,6 +56,8 @@ def test_daemonset_has_what_the_plugin_needs():
     assert mounts["kubelet-dir"]["mountPath"] == "/var/lib/kubelet"
     assert mounts["kubelet-dir"]["mountPropagation"] == "Bidirectional"
     assert volumes["kubelet-dir"]["hostPath"]["path"] == "/var/lib/kubelet"
+    # the plugin mounts only under kubelet's directory, as the container sees it
+    assert f"--kubelet-dir={mounts['kubelet-dir']['mountPath']}" in plugin["args"]
     assert volumes["fuse-device"]["hostPath"]["type"] == "CharDevice"
     assert pod["hostPID"] is True and pod["hostNetwork"] is True
     # daemons in systemd scopes of the host: its systemd's socket and the same PIDs

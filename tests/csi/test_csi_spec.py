@@ -182,7 +182,8 @@ ROWS = [
     ("stage/same staging path, other attributes", lambda e: stage(e, metadata_ttl="5s"),
      C.ALREADY_EXISTS, "already mounted"),
     ("stage/same volume, other staging path",
-     lambda e: (stage(e)[0], _set(stage(e)[1], staging_target_path=str(e.root / "other"))),
+     lambda e: (stage(e)[0], _set(stage(e)[1],
+                                  staging_target_path=str(e.root / "kubelet" / "other"))),
      C.ALREADY_EXISTS, "already staged"),
     # state the call needs is missing
     ("publish/volume not staged", lambda e: publish(e, "pod-x", vol="pv-unstaged"),
@@ -190,9 +191,11 @@ ROWS = [
     ("unstage/still published", lambda e: unstage(e, e.k.staging_path(VOL)),
      C.FAILED_PRECONDITION, "still published"),
     ("stats/missing path", lambda e: stats(e, "/nonexistent/csi/path"),
-     C.NOT_FOUND, "does not exist"),
+     C.NOT_FOUND, "not staged or published"),
     ("stats/not this volume's mount", lambda e: stats(e, plain_dir(e, "other")),
-     C.NOT_FOUND, "not mounted"),
+     C.NOT_FOUND, "not staged or published"),
+    ("stats/relative path", lambda e: stats(e, "kubelet/pods"),
+     C.NOT_FOUND, "not staged or published"),
     ("stats/published target", lambda e: stats(e, e.k.target_path("pod")), C.OK, None),
 ]
 
@@ -231,11 +234,12 @@ def test_node_rpc(env, build, code, text):
         assert not os.path.exists(path)
 
 
-def test_unpublished_directory_is_removed(env):
-    d = plain_dir(env, "to-remove")
+def test_unpublish_leaves_a_directory_it_did_not_make(env):
+    # only targets recorded for the volume are undone; kubelet's own dirs are kubelet's
+    d = plain_dir(env, "not-ours")
     env.plugin.node.NodeUnpublishVolume(pb.NodeUnpublishVolumeRequest(volume_id=VOL,
                                                                       target_path=d))
-    assert not os.path.exists(d)
+    assert os.path.isdir(d)
 
 
 def test_unpublish_and_unstage_twice_are_ok(env):
