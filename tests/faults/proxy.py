@@ -173,6 +173,10 @@ class _EOF(Exception):
     pass
 
 
+class _NoResponse(Exception):
+    """The store closed the connection before answering (e.g. an idle keep-alive one)."""
+
+
 class _Reader:
     """Buffered reads of HTTP/1.1 framing from a trio stream."""
 
@@ -565,25 +569,40 @@ class FaultProxy:
                             and rule.kind not in _BODY_KINDS:
                         continue  # answered by the proxy
                     # forward, on the connection's own upstream connection
-                    if upstream is None:
-                        try:
-                            upstream = await trio.open_tcp_stream(*self.upstream)
-                        except OSError:
-                            conn.rst = True
-                            return
-                        up_reader = _Reader(upstream)
                     out = (f"{first}\r\n" + "".join(f"{k}: {v}\r\n" for k, v in headers)
                            + "\r\n").encode("latin-1")
-                    try:
-                        await upstream.send_all(out + body)
-                        keep = await self._relay(conn, up_reader, method, op, key,
-                                                 rule if rule is not None
-                                                 and rule.kind in _BODY_KINDS else None)
-                    except (_EOF, trio.BrokenResourceError, trio.ClosedResourceError,
-                            OSError):
-                        # the store dropped the connection: so does the proxy
-                        conn.rst = True
-                        return
+                    fault = rule if rule is not None and rule.kind in _BODY_KINDS else None
+                    for attempt in (1, 2):
+                        reused = upstream is not None
+                        if upstream is None:
+                            try:
+                                upstream = await trio.open_tcp_stream(*self.upstream)
+                            except OSError:
+                                conn.rst = True
+                                return
+                            up_reader = _Reader(upstream)
+                        try:
+                            try:
+                                await upstream.send_all(out + body)
+                            except (trio.BrokenResourceError, OSError):
+                                raise _NoResponse() from None
+                            keep = await self._relay(conn, up_reader, method, op, key, fault)
+                            break
+                        except _NoResponse:
+                            # a keep-alive connection the store had closed while idle: a
+                            # client would open a new one and send again, so does the proxy
+                            with trio.CancelScope(shield=True):
+                                await upstream.aclose()
+                            upstream = None
+                            if reused and attempt == 1:
+                                continue
+                            conn.rst = True
+                            return
+                        except (_EOF, trio.BrokenResourceError, trio.ClosedResourceError,
+                                OSError):
+                            # the store dropped the connection mid-answer: so does the proxy
+                            conn.rst = True
+                            return
                     if not keep:
                         return
         except (_EOF, trio.BrokenResourceError, trio.ClosedResourceError, OSError, ValueError):
@@ -636,15 +655,20 @@ class FaultProxy:
     async def _relay(self, conn: _Connection, up: _Reader, method: str, op: str, key: str,
                      fault: Rule | None) -> bool:
         """Relay one response; True if both connections stay open for the next request."""
+        interim = False
         while True:
-            head = await up.head()
+            try:
+                head = await up.head()
+            except (trio.BrokenResourceError, OSError):
+                head = None
             if head is None:
-                raise _EOF()
+                raise _EOF() if interim else _NoResponse()
             first, headers = _parse_head(head)
             status = int(first.split(" ", 2)[1])
             if status >= 200:
                 break
             await conn.stream.send_all(head)  # an interim response, passed on
+            interim = True
         h = _hdict(headers)
         chunked = "chunked" in h.get("transfer-encoding", "").lower()
         if method == "HEAD" or status in (204, 304):

@@ -1,0 +1,99 @@
+"""A store that hangs or is down (issue 9, rows D8, D9): stalls are logged and counted, a
+read of uncached data fails with EIO in bounded time, and what is cached keeps being served
+- stat, listing, open, read, and a remount of the warm cache dir - until the store answers
+again, which the mount notices by itself."""
+
+from __future__ import annotations
+
+import errno
+import os
+import threading
+import time
+
+import fkit
+from fkit import KiB, MiB
+
+# backend_timeout=2s, backend_retries=2 (fkit.FAST): a failed GET is ~2 x 2 s plus
+# botocore's backoff; the kernel asks again for a failed read (~3 times). The bound is far
+# above one failed request and far below what retrying each re-ask from scratch costs.
+EIO_BOUND_S = 15.0
+
+
+def test_d8_a_hung_store_is_logged_and_reads_fail_in_bounded_time(mounts, s3, bucket, proxy):
+    data = fkit.payload("d8", 1 * MiB)
+    s3.put_object(Bucket=bucket, Key="d8/cold.bin", Body=data)
+    m = mounts.start("-o", "stall_warn=1s")
+    assert os.stat(m.path / "d8/cold.bin").st_size == len(data)  # looked up while healthy
+    proxy.inject("hang", "GET")  # the store stops answering GETs
+    t0 = time.monotonic()
+    got, err = fkit.read_errno(m.path / "d8/cold.bin")
+    elapsed = time.monotonic() - t0
+    fkit.assert_alive(m, "during the hang")
+    assert err == errno.EIO, f"expected EIO, got {fkit.short(got) if err is None else err}"
+    assert elapsed < EIO_BOUND_S, f"EIO after {elapsed:.1f}s (bound {EIO_BOUND_S}s)"
+    stalls = [ln for ln in fkit.log_lines(m.log_text(), "WARNING")
+              if "d8/cold.bin" in ln and "stall" in ln.lower()]
+    assert stalls, "no stall WARNING names the key; log:\n" + fkit.tail(m.log_text())
+    assert m.counter("tierfs_backend_stalls_total") >= 1
+    proxy.heal()
+    fkit.eventually(lambda: fkit.read(m.path / "d8/cold.bin") == data, 30, interval=0.5,
+                    alive_of=m)
+
+
+def _timed(fn, bound: float):
+    """fn() in a thread; its result, or AssertionError if it takes longer than `bound`
+    (a hung FUSE call cannot be interrupted, so the test must not block on it)."""
+    out: dict = {}
+
+    def run():
+        try:
+            out["value"] = fn()
+        except BaseException as e:  # noqa: BLE001 - handed to the test
+            out["error"] = e
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(bound)
+    assert not t.is_alive(), f"{fn} still blocked after {bound:.0f}s"
+    if "error" in out:
+        raise out["error"]
+    return out["value"]
+
+
+def test_d9_cached_data_is_served_while_the_store_is_down(mounts, s3, bucket, proxy):
+    cached = {f"d9/c{i}.bin": fkit.payload(f"d9.{i}", 256 * KiB + i) for i in range(3)}
+    cold = fkit.payload("d9.cold", 100 * KiB)
+    for k, v in {**cached, "d9/cold.bin": cold}.items():
+        s3.put_object(Bucket=bucket, Key=k, Body=v)
+    names = sorted(["cold.bin", *(k.split("/")[1] for k in cached)])
+    m = mounts.start("--metadata-ttl", "1s", "-o", "startup_timeout=3s")
+    assert sorted(os.listdir(m.path / "d9")) == names
+    for k, v in cached.items():
+        assert fkit.read(m.path / k) == v, k
+    proxy.down()  # connections refused
+    time.sleep(1.5)  # past --metadata-ttl: every lookup wants to revalidate
+    bound = 30.0
+    assert _timed(lambda: sorted(os.listdir(m.path / "d9")), bound) == names
+    for k, v in cached.items():
+        assert _timed(lambda: os.stat(m.path / k).st_size, bound) == len(v), k
+        got = _timed(lambda: fkit.read_errno(m.path / k), bound)
+        assert got == (v, None), f"{k}: {fkit.short(got[0])} errno {got[1]}"
+    got, err = _timed(lambda: fkit.read_errno(m.path / "d9/cold.bin"), bound)
+    assert err == errno.EIO, f"uncached data: expected EIO, got {fkit.short(got)} / {err}"
+    fkit.assert_alive(m, "with the store down")
+
+    # a remount of the warm cache dir while the store does not answer at all
+    m.stop()
+    proxy.up()
+    proxy.inject("hang", None, seconds=None)
+    m = mounts.again(m, timeout=60)
+    for k, v in cached.items():
+        got = _timed(lambda: fkit.read_errno(m.path / k), bound)
+        assert got == (v, None), f"{k} after a remount: {fkit.short(got[0])} errno {got[1]}"
+    assert _timed(lambda: sorted(os.listdir(m.path / "d9")), bound) == names
+    fkit.assert_alive(m, "remounted with the store hung")
+
+    # the store answers again: the mount recovers by itself
+    proxy.heal()
+    fkit.eventually(lambda: fkit.read(m.path / "d9/cold.bin") == cold, 60, interval=0.5,
+                    alive_of=m)
