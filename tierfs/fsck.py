@@ -17,13 +17,12 @@ because the journal itself was damaged or missing is moved to lost+found/, not d
 
 One line per problem, then a summary; --json prints one JSON object instead. Exit status:
 0 clean (or, with --repair, every problem repaired); 1 problems found (that remain);
-2 bad usage or a dir that cannot be checked (missing, not a cache dir, in use).
+2 bad usage or a dir that cannot be checked (missing, not a cache dir, in use, unreadable).
 """
 
 from __future__ import annotations
 
 import argparse
-import errno
 import fcntl
 import json
 import logging
@@ -379,10 +378,14 @@ def _run(args: argparse.Namespace) -> int:
     except FsckRefused as exc:
         sys.stderr.write(f"tierfs: error: {exc}\n")
         return USAGE
-    except OSError as exc:
-        where = f": {exc.filename}" if exc.filename else ""
-        sys.stderr.write(f"tierfs: error: {exc.strerror or exc}{where}\n")
-        return PROBLEMS if exc.errno != errno.EACCES else USAGE
+    except TierfsError as exc:  # a repair that could not be done (the store would not open)
+        sys.stderr.write(f"tierfs: error: {exc}\n")
+        return PROBLEMS
+    except (OSError, lmdb.Error) as exc:  # the dir cannot be read (or written, for --repair)
+        where = f": {exc.filename}" if isinstance(exc, OSError) and exc.filename else ""
+        text = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        sys.stderr.write(f"tierfs: error: cannot check {args.cache_dir}: {text}{where}\n")
+        return USAGE
     if args.json:
         print(json.dumps(report.as_json()))
     else:
