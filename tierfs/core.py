@@ -102,7 +102,8 @@ def async_backend(cfg: MountConfig, backend: Backend | AsyncBackend,
     bucket check (the daemon gives it a quicker one)."""
     if not isinstance(backend, AsyncBackend):
         backend = AsyncBackend(backend, metrics, concurrency=cfg.backend_concurrency,
-                               background=cfg.readahead_chunks, warm=cfg.warm_concurrency)
+                               background=cfg.readahead_chunks, warm=cfg.warm_concurrency,
+                               stall_warn=cfg.stall_warn)
     if backend.health is None:
         backend.health = BackendHealth(backend.metrics, backend.sync.check)
     return backend
@@ -189,6 +190,7 @@ def _start_services(core: Core) -> None:
         tasks.supervise("uploader", core.writeback.run_uploader)
     tasks.supervise("orphan-cleanup", _then_idle, core.writeback.abort_orphaned_uploads)
     tasks.supervise("pin-expiry", _expire_pins, core.cache)
+    tasks.supervise("stall-watch", core.backend.watch_stalls)
     if core.backend.health is not None:
         tasks.supervise("health-probe", core.backend.health.run)
 

@@ -87,6 +87,16 @@ class PreconditionFailed(BackendError):
     """If-Match failed: the object changed since its ETag was cached."""
 
 
+class IntegrityError(BackendError):
+    """Bytes from the store failed a checksum (tierfs/integrity.py) on every try: never
+    served, never cached. `check` names the check (a label of tierfs_integrity_failures)."""
+
+    def __init__(self, message: str, *, check: str = "", offset: int = 0) -> None:
+        super().__init__(message)
+        self.check = check
+        self.offset = offset
+
+
 class StoreDown(TierfsError):
     """Refused without sending a request: the object store is known to be unreachable
     (tierfs/health.py probes it until it answers). Not a BackendError: nothing was asked,

@@ -2,13 +2,15 @@
 
 Backends are synchronous and blocking (boto3 is); the core only calls them through
 tierfs.backend.runner.AsyncBackend, which runs them in worker threads behind limiters and
-counts every request in the metrics. A backend raises only tierfs.errors types.
+counts every request in the metrics. A backend raises only tierfs.errors types: whatever
+its client library raises (boto3, botocore, urllib3, socket, ssl, exception groups of
+those) is mapped at this boundary, so the core never meets a foreign exception.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Callable, Protocol
 
 
 @dataclass(frozen=True)
@@ -28,8 +30,24 @@ class ListPage:
     next_token: str | None  # None on the last page
 
 
+def _ignore(*_: object) -> None:
+    return None
+
+
+@dataclass
+class BackendEvents:
+    """What a backend reports for the metrics, which the runner owns: AsyncBackend sets
+    these callbacks on the backend it runs. Called from worker threads."""
+
+    # a GET body cut short was continued from the bytes received
+    resumed: Callable[[], None] = _ignore
+    # a body failed an integrity check (its label: tierfs/integrity.py) and is refetched
+    integrity_failure: Callable[[str], None] = _ignore
+
+
 class Backend(Protocol):
     name: str  # "s3" or "file": for logs only
+    # optional: `events: BackendEvents`, which AsyncBackend then wires to the metrics
 
     def check(self) -> None:
         """Fail with NoSuchBucket / AccessDenied / BackendUnavailable if unusable."""
@@ -39,15 +57,21 @@ class Backend(Protocol):
 
     def head(self, key: str) -> ObjectMeta: ...
 
-    def get(self, key: str, start: int, length: int, etag: str | None) -> bytes:
-        """Bytes [start, start+length) (fewer only at the end of the object).
+    def get(self, key: str, start: int, length: int, etag: str | None, *,
+            size: int | None = None) -> bytes:
+        """Bytes [start, start+length) (fewer only at the end of the object), verified
+        wherever the store gives a way (tierfs/integrity.py): IntegrityError otherwise.
 
-        With etag set, raises PreconditionFailed if the object's ETag differs.
+        With etag set, raises PreconditionFailed if the object's ETag differs. `size`, the
+        object's size when the caller knows it, lets a GET of the whole object go without
+        a Range header, which is when S3 sends the object's checksums.
         """
 
-    def get_into(self, key: str, start: int, buf: memoryview, etag: str | None) -> int:
+    def get_into(self, key: str, start: int, buf: memoryview, etag: str | None, *,
+                 size: int | None = None) -> int:
         """Like get of len(buf) bytes, read into buf; returns how many (fewer only at the
-        end of the object). For callers that have a buffer the bytes belong in already."""
+        end of the object). For callers that have a buffer the bytes belong in already.
+        On an error buf holds unverified bytes: the caller must drop it."""
 
     def put(self, key: str, data: bytes, metadata: dict[str, str] | None = None) -> ObjectMeta: ...
 

@@ -3,10 +3,13 @@
 Keys map to paths under the root; an empty directory stands for a "dir/" marker object.
 ETags derive from (mtime_ns, size, inode), so a rewritten file gets a new ETag as an S3
 overwrite would. Listing semantics (ordering, delimiter, paging) follow ListObjectsV2.
+An OSError of the directory (permissions, a full disk) is a BackendError, as the backend
+boundary promises.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -15,12 +18,27 @@ import tempfile
 import time
 import uuid
 
-from ..errors import BackendError, NoSuchBucket, NotFound, PreconditionFailed
-from .base import ListPage, ObjectMeta
+from ..errors import BackendError, NoSuchBucket, NotFound, PreconditionFailed, TierfsError
+from .base import BackendEvents, ListPage, ObjectMeta
 
 
 _PRIVATE = ".tierfs-"  # names the backend keeps for itself; never listed
 _META_XATTR = "user.tierfs.metadata"
+
+
+def _mapped(fn):  # noqa: ANN001, ANN202 - a method decorator
+    """An OSError the method did not map itself becomes BackendError naming the call."""
+    @functools.wraps(fn)
+    def call(self, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+        try:
+            return fn(self, *args, **kwargs)
+        except TierfsError:
+            raise
+        except OSError as exc:
+            what = f"{fn.__name__} {args[0]!r}" if args else fn.__name__
+            raise BackendError(f"{what}: {exc.strerror or exc}") from None
+
+    return call
 
 
 class FileBackend:
@@ -28,6 +46,7 @@ class FileBackend:
 
     def __init__(self, root: str) -> None:
         self.root = os.path.abspath(root)
+        self.events = BackendEvents()  # nothing to resume or verify in a local directory
 
     def _path(self, key: str) -> str:
         parts = key.split("/")
@@ -40,6 +59,7 @@ class FileBackend:
         etag = f"{st.st_mtime_ns:x}-{size:x}-{st.st_ino:x}"
         return ObjectMeta(key, size, etag, st.st_mtime)
 
+    @_mapped
     def check(self) -> None:
         if not os.path.isdir(self.root):
             raise NoSuchBucket(f"directory {self.root!r} does not exist")
@@ -63,6 +83,7 @@ class FileBackend:
                     continue
         return sorted((kv for kv in out if kv[0].startswith(prefix)), key=lambda kv: kv[0])
 
+    @_mapped
     def list(self, prefix: str, delimiter: str | None = "/", token: str | None = None,
              max_keys: int = 1000) -> ListPage:
         self.check()
@@ -92,6 +113,7 @@ class FileBackend:
             last = key
         return ListPage(objects, prefixes, None)
 
+    @_mapped
     def head(self, key: str) -> ObjectMeta:
         try:
             st = os.stat(self._path(key))
@@ -103,7 +125,9 @@ class FileBackend:
         meta = self._meta(key, st)
         return ObjectMeta(meta.key, meta.size, meta.etag, meta.mtime, self._metadata(path))
 
-    def get(self, key: str, start: int, length: int, etag: str | None) -> bytes:
+    @_mapped
+    def get(self, key: str, start: int, length: int, etag: str | None, *,
+            size: int | None = None) -> bytes:
         try:
             with open(self._path(key), "rb") as f:
                 meta = self._meta(key, os.fstat(f.fileno()))
@@ -115,11 +139,14 @@ class FileBackend:
         except OSError as exc:
             raise BackendError(f"get {key!r} at {start}: {exc}") from None
 
-    def get_into(self, key: str, start: int, buf: memoryview, etag: str | None) -> int:
+    @_mapped
+    def get_into(self, key: str, start: int, buf: memoryview, etag: str | None, *,
+                 size: int | None = None) -> int:
         data = self.get(key, start, len(buf), etag)  # a local file: one copy is nothing
         buf[:len(data)] = data
         return len(data)
 
+    @_mapped
     def put(self, key: str, data: bytes, metadata: dict[str, str] | None = None) -> ObjectMeta:
         path = self._path(key)
         if key.endswith("/"):
@@ -145,6 +172,7 @@ class FileBackend:
         meta = self._meta(key, os.stat(path))
         return ObjectMeta(meta.key, meta.size, meta.etag, meta.mtime, metadata or {})
 
+    @_mapped
     def copy(self, src: str, dst: str, src_etag: str | None,
              metadata: dict[str, str] | None = None) -> str:
         spath = self._path(src)
@@ -168,6 +196,7 @@ class FileBackend:
             return {}
 
     # multipart: parts are files in a private staging folder, joined on completion
+    @_mapped
     def mpu_create(self, key: str, metadata: dict[str, str] | None = None) -> str:
         upload_id = uuid.uuid4().hex
         d = os.path.join(self._staging(), "mpu-" + upload_id)
@@ -182,15 +211,18 @@ class FileBackend:
             raise NotFound(f"upload {upload_id} does not exist")
         return os.path.join(d, f"part-{part:05d}")
 
+    @_mapped
     def upload_part(self, key: str, upload_id: str, part: int, data: bytes) -> str:
         with open(self._part_path(upload_id, part), "wb") as f:
             f.write(data)
         return hashlib.md5(data).hexdigest()
 
+    @_mapped
     def upload_part_copy(self, key: str, upload_id: str, part: int, src: str, src_etag: str,
                          start: int, length: int) -> str:
         return self.upload_part(key, upload_id, part, self.get(src, start, length, src_etag))
 
+    @_mapped
     def mpu_complete(self, key: str, upload_id: str, parts: list[tuple[int, str]]) -> str:
         d = os.path.join(self._staging(), "mpu-" + upload_id)
         with open(os.path.join(d, "meta")) as f:
@@ -206,6 +238,7 @@ class FileBackend:
         shutil.rmtree(d, ignore_errors=True)
         return etag
 
+    @_mapped
     def mpu_list(self, key: str) -> list[str]:
         out = []
         for name in os.listdir(self._staging()):
@@ -218,9 +251,11 @@ class FileBackend:
                     continue
         return out
 
+    @_mapped
     def mpu_abort(self, key: str, upload_id: str) -> None:
         shutil.rmtree(os.path.join(self._staging(), "mpu-" + upload_id), ignore_errors=True)
 
+    @_mapped
     def delete(self, key: str) -> None:
         try:
             path = self._path(key)

@@ -1,27 +1,66 @@
 """S3 / Ceph RGW backend: the only module that imports boto3.
 
-botocore does the retrying (standard mode, bounded attempts, connect/read timeouts) so no
-call can hang; this module adds no retry loop of its own. Credentials come only from
-boto3's standard chain (environment, shared files, instance roles).
+botocore does the retrying of requests (standard mode, bounded attempts, connect/read
+timeouts) so no call can hang. What botocore cannot retry is a GET body that breaks after
+the response began (FIN, RST or a timeout mid-body): this module continues it from the
+bytes received with a ranged GET pinned by If-Match to the same ETag, at most
+`max_attempts` times. A complete body is checked (tierfs/integrity.py) before it is
+returned and fetched again, at most INTEGRITY_RETRIES times, if it fails. Neither starts
+later than one GET's budget after the GET began (tierfs/backend/budget.py), which bounds
+the time to EIO.
+
+Everything boto3, botocore, urllib3, socket or ssl raise, from a request or while reading
+a body, becomes a tierfs.errors type here (`_error`). Credentials come only from boto3's
+standard chain (environment, shared files, instance roles).
 """
 
 from __future__ import annotations
 
 import hashlib
+import http.client
+import logging
+import re
 import time
 from typing import Callable
 
 import boto3
 import botocore.exceptions as bex
+import urllib3.exceptions
 from botocore.config import Config
 
-from ..errors import (AccessDenied, BackendError, BackendUnavailable, NoSuchBucket, NotFound,
-                      PreconditionFailed)
-from .base import ListPage, ObjectMeta
+from .. import integrity
+from ..errors import (AccessDenied, BackendError, BackendUnavailable, IntegrityError,
+                      NoSuchBucket, NotFound, PreconditionFailed, TierfsError)
+from .base import BackendEvents, ListPage, ObjectMeta
+from .budget import INTEGRITY_RETRIES, connect_timeout, get_budget
+
+log = logging.getLogger(__name__)
 
 _DENIED = {"AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "403",
            "InvalidToken", "ExpiredToken", "AllAccessDisabled"}
 _MISSING = {"NoSuchKey", "404", "NotFound"}
+
+# what a broken or silent connection raises, from a request or mid-body: the store is not
+# answering (BackendUnavailable), not refusing (BackendError)
+_UNREACHABLE = (bex.EndpointConnectionError, bex.ConnectTimeoutError, bex.ReadTimeoutError,
+                bex.ConnectionClosedError, bex.ResponseStreamingError, bex.IncompleteReadError,
+                bex.ProxyConnectionError, urllib3.exceptions.ProtocolError,
+                urllib3.exceptions.TimeoutError, urllib3.exceptions.NewConnectionError,
+                http.client.IncompleteRead, ConnectionError, TimeoutError)
+# what reading a body can raise when its connection breaks: the body is resumed
+_BODY_CUT = (bex.BotoCoreError, urllib3.exceptions.HTTPError, http.client.HTTPException,
+             OSError)
+_CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+|\*)")
+# a body is read this much at a time: urllib3 copies each read through a temporary
+_READ_PIECE = 1 << 20
+# x-amz-checksum-* response fields, by integrity.CHECKSUMS algorithm
+_CHECKSUM_FIELDS = {"crc32": "ChecksumCRC32", "crc32c": "ChecksumCRC32C",
+                    "crc64nvme": "ChecksumCRC64NVME", "sha1": "ChecksumSHA1",
+                    "sha256": "ChecksumSHA256"}
+
+
+class _Cut(Exception):
+    """A body ended before its Content-Length (a clean FIN mid-body)."""
 
 
 def _etag(raw: str) -> str:
@@ -32,15 +71,22 @@ class S3Backend:
     name = "s3"
 
     def __init__(self, bucket: str, *, endpoint_url: str | None, region: str | None,
-                 max_connections: int, timeout_s: float, max_attempts: int) -> None:
+                 max_connections: int, timeout_s: float, max_attempts: int,
+                 integrity_retries: int = INTEGRITY_RETRIES) -> None:
         self.bucket = bucket
+        self.events = BackendEvents()  # AsyncBackend points these at the metrics
+        self.resume_attempts = max_attempts
+        self.integrity_retries = integrity_retries
+        # no resume or refetch starts later than this after its GET began
+        self.get_budget_s = get_budget(timeout_s, max_attempts)
         config = Config(
             s3={"addressing_style": "path"},
-            # RGW rejects botocore>=1.36 default checksums on uploads; ETags verify GETs
+            # RGW rejects botocore>=1.36 default checksums on uploads; GET bodies are
+            # verified by tierfs/integrity.py (botocore checks only a body read to its end)
             request_checksum_calculation="when_required",
             response_checksum_validation="when_required",
             retries={"mode": "standard", "max_attempts": max_attempts},
-            connect_timeout=min(timeout_s, 10.0),
+            connect_timeout=connect_timeout(timeout_s),
             read_timeout=timeout_s,
             max_pool_connections=max_connections,
             region_name=region,
@@ -48,7 +94,16 @@ class S3Backend:
         session = boto3.session.Session()
         self._s3 = session.client("s3", endpoint_url=endpoint_url, config=config)
 
-    def _error(self, exc: Exception, what: str) -> Exception:
+    def _error(self, exc: BaseException, what: str) -> TierfsError:
+        """The tierfs error for anything a call into boto3 raised."""
+        if isinstance(exc, BaseExceptionGroup):
+            # no group is expected from boto3; if one comes, its first failure speaks
+            first = exc
+            while isinstance(first, BaseExceptionGroup):
+                first = first.exceptions[0]
+            return self._error(first, what)
+        if isinstance(exc, TierfsError):
+            return exc
         if isinstance(exc, bex.ClientError):
             err = exc.response.get("Error", {})
             code = str(err.get("Code", ""))
@@ -61,16 +116,19 @@ class S3Backend:
                 return AccessDenied(f"{what}: access denied ({code}); check the credentials")
             if code in _MISSING or status == 404:
                 return NotFound(f"{what}: not found")
-            return BackendError(f"{what}: {code or status} {err.get('Message', '')}".strip())
+            return BackendError(f"{what}: {code or status} {err.get('Message') or ''}".strip())
         if isinstance(exc, (bex.NoCredentialsError, bex.PartialCredentialsError)):
             return AccessDenied("no S3 credentials found: set AWS_ACCESS_KEY_ID/"
                                 "AWS_SECRET_ACCESS_KEY, AWS_PROFILE or an instance role")
-        if isinstance(exc, (bex.EndpointConnectionError, bex.ConnectTimeoutError,
-                            bex.ReadTimeoutError, bex.ConnectionClosedError)):
-            return BackendUnavailable(f"{what}: endpoint unreachable ({exc})")
-        if isinstance(exc, bex.BotoCoreError):
-            return BackendError(f"{what}: {exc}")
-        return exc
+        if isinstance(exc, _UNREACHABLE):
+            return BackendUnavailable(f"{what}: endpoint unreachable ({_describe(exc)})")
+        if isinstance(exc, (bex.BotoCoreError, urllib3.exceptions.HTTPError,
+                            http.client.HTTPException, OSError)):
+            return BackendError(f"{what}: {_describe(exc)}")
+        # not a failure of the store or the network: a bug here or in a library. EIO
+        # for this request, the traceback in the log, and the mount goes on.
+        log.error("%s: unexpected %s", what, type(exc).__name__, exc_info=exc)
+        return BackendError(f"{what}: unexpected {_describe(exc)}")
 
     def check(self) -> None:
         try:
@@ -106,45 +164,177 @@ class S3Backend:
         return ObjectMeta(key, r["ContentLength"], _etag(r["ETag"]), r["LastModified"].timestamp(),
                           r.get("Metadata") or {})
 
-    def get(self, key: str, start: int, length: int, etag: str | None) -> bytes:
-        out: list = []
+    def get(self, key: str, start: int, length: int, etag: str | None, *,
+            size: int | None = None) -> bytes:
+        held: list[bytearray] = []
 
-        def into(r: dict) -> int:
-            out.append(_read_body(r["Body"], r.get("ContentLength")))
-            return len(out[0])
+        def buffer(n: int) -> memoryview:
+            # ONE buffer of the body's size, reused by a refetch: read() would join a list
+            # of pieces, briefly holding the chunk twice (8 GETs in flight x 2 x 8 MiB is
+            # most of the daemon's memory)
+            if not held or len(held[0]) != n:
+                held[:] = [bytearray(n)]
+            return memoryview(held[0])
 
-        self._get(key, start, length, etag, into)
-        return out[0]
+        n = self._fetch(key, start, length, etag, size, buffer)
+        return held[0] if held else bytearray(n)  # type: ignore[return-value]
 
-    def get_into(self, key: str, start: int, buf: memoryview, etag: str | None) -> int:
-        def into(r: dict) -> int:
-            n = r.get("ContentLength")
-            if n is None or n > len(buf):
+    def get_into(self, key: str, start: int, buf: memoryview, etag: str | None, *,
+                 size: int | None = None) -> int:
+        def buffer(n: int) -> memoryview:
+            if n > len(buf):
                 raise BackendError(f"get {key!r} at {start}: server sent {n} bytes, "
                                    f"asked for {len(buf)}")
-            _read_body_into(r["Body"], buf[:n])
-            return n
+            return buf[:n]
 
-        return self._get(key, start, len(buf), etag, into)
+        return self._fetch(key, start, len(buf), etag, size, buffer)
 
-    def _get(self, key: str, start: int, length: int, etag: str | None,
-             read: Callable[[dict], int]) -> int:
-        kw: dict = {"Bucket": self.bucket, "Key": key, "Range": f"bytes={start}-{start + length - 1}"}
+    def _fetch(self, key: str, start: int, length: int, etag: str | None, size: int | None,
+               buffer: Callable[[int], memoryview]) -> int:
+        """GET into buffer(n) (n: the body's length), resumed if cut short and verified;
+        fetched again while it fails verification. Returns n."""
+        what = f"get {key!r} at {start}"
+        deadline = time.monotonic() + self.get_budget_s
+        # without a Range header (only possible when the caller knows the object's size)
+        # S3 sends the object's checksums: a Range, even of the whole object, gets none
+        whole = size is not None and start == 0 and length >= size
+        tries = 1 + self.integrity_retries
+        for attempt in range(1, tries + 1):
+            try:
+                got, view = self._download(key, start, length, etag, whole, buffer, deadline)
+                integrity.verify(got, view)
+                return len(view)
+            except IntegrityError as exc:
+                self.events.integrity_failure(exc.check)
+                last = exc
+            except Exception as exc:  # noqa: BLE001 - mapped: nothing foreign leaves here
+                raise self._error(exc, what) from None
+            if attempt < tries and time.monotonic() < deadline:
+                log.warning("%s; fetching it again (%d of %d)", last, attempt, tries - 1)
+                continue
+            break
+        log.error("%s on %d fetches: EIO; nothing of it is served or cached", last, attempt)
+        raise IntegrityError(f"{last} on {attempt} fetches", check=last.check,
+                             offset=last.offset)
+
+    def _download(self, key: str, start: int, length: int, etag: str | None, whole: bool,
+                  buffer: Callable[[int], memoryview],
+                  deadline: float) -> tuple[integrity.Received, memoryview]:
+        """One GET (resumed while cut short): what its response said, and the body."""
+        what = f"get {key!r} at {start}"
+        kw: dict = {"Bucket": self.bucket, "Key": key}
+        if whole:
+            kw["ChecksumMode"] = "ENABLED"
+        else:
+            kw["Range"] = f"bytes={start}-{start + length - 1}"
         if etag:
             kw["IfMatch"] = f'"{etag}"'
+        r = self._get_object(kw, what)
+        if r is None:  # the range starts at or past the end: no bytes, as get promises
+            return integrity.Received(key, start, None, etag or ""), buffer(0)
+        body = r["Body"]
         try:
-            r = self._s3.get_object(**kw)
-            n = read(r)
-        except BackendError:
+            got = self._received(r, key, start, what)
+            if etag and got.etag and got.etag != etag:
+                raise PreconditionFailed(f"get {key!r}: object changed (ETag mismatch)")
+            n = r.get("ContentLength")
+            if n is None or n > length:
+                raise BackendError(f"{what}: server sent {n} bytes, asked for {length}")
+            view = buffer(n)
+        except BaseException:
+            _close(body)
             raise
-        except Exception as exc:  # noqa: BLE001
-            raise self._error(exc, f"get {key!r} at {start}") from None
-        if etag and _etag(r.get("ETag", f'"{etag}"')) != etag:
-            raise PreconditionFailed(f"get {key!r}: object changed (ETag mismatch)")
-        if n > length:
-            raise BackendError(f"get {key!r} at {start}: server sent {n} bytes, "
-                               f"asked for {length}")
-        return n
+        # a resume is pinned to the version this body is of
+        self._read_resuming(key, start, got.etag or etag or "", body, view, deadline)
+        return got, view
+
+    def _get_object(self, kw: dict, what: str) -> dict | None:
+        """The GetObject response; None for InvalidRange (416: the range starts at or past
+        the end of the object, e.g. the first chunk of an empty object)."""
+        try:
+            return self._s3.get_object(**kw)
+        except bex.ClientError as exc:
+            if exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") == 416:
+                return None
+            raise self._error(exc, what) from None
+        except Exception as exc:  # noqa: BLE001 - mapped
+            raise self._error(exc, what) from None
+
+    def _received(self, r: dict, key: str, start: int, what: str) -> integrity.Received:
+        """What a GET response's headers say about its body; refuses a body that does not
+        start where it was asked to (a store that ignored the Range)."""
+        n = r.get("ContentLength")
+        content_range = r.get("ContentRange")
+        if content_range:
+            m = _CONTENT_RANGE.fullmatch(content_range.strip())
+            if m is None or int(m.group(1)) != start:
+                raise BackendError(f"{what}: server sent Content-Range {content_range!r}")
+            total = None if m.group(3) == "*" else int(m.group(3))
+        elif start:
+            raise BackendError(f"{what}: server ignored the Range and sent the whole object")
+        else:
+            total = n
+        sse = r.get("ServerSideEncryption")
+        checksums = {}
+        if r.get("ChecksumType") != "COMPOSITE":
+            checksums = {alg: r[name] for alg, name in _CHECKSUM_FIELDS.items() if r.get(name)}
+        return integrity.Received(
+            key=key, start=start, total=total, etag=_etag(r.get("ETag") or ""),
+            # SSE-S3 (AES256) keeps ETag = MD5; SSE-KMS, DSSE-KMS and SSE-C do not
+            encrypted=sse not in (None, "", "AES256") or bool(r.get("SSECustomerAlgorithm")),
+            checksums=checksums, metadata=r.get("Metadata") or {})
+
+    def _read_resuming(self, key: str, start: int, etag: str, body, view: memoryview,  # noqa: ANN001
+                       deadline: float) -> None:
+        """Read the body into view; where it breaks off, continue with a ranged GET of the
+        rest, If-Match on `etag` so every byte is of the same version."""
+        got, n, resumes = 0, len(view), 0
+        while True:
+            try:
+                while got < n:
+                    # StreamingBody.readinto: botocore's public API, straight into view
+                    k = body.readinto(view[got:got + _READ_PIECE])
+                    if not k:
+                        raise _Cut(f"connection closed after {got} of {n} bytes")
+                    got += k
+                return
+            except (_Cut, *_BODY_CUT) as exc:
+                _close(body)
+                cause = _describe(exc)
+            at = start + got
+            if not etag or resumes >= self.resume_attempts or time.monotonic() >= deadline:
+                why = ("no ETag to resume with" if not etag else
+                       f"{resumes} resumes" if resumes >= self.resume_attempts else
+                       "past the GET budget")
+                log.warning("get %r: body broke off at offset %d (%d of %d bytes received; "
+                            "%s) and was not resumed: %s", key, at, got, n, why, cause)
+                raise BackendUnavailable(f"get {key!r} at {at}: body cut short ({cause}); "
+                                         f"{why}")
+            resumes += 1
+            self.events.resumed()
+            log.debug("get %r: body broke off at offset %d (%s): resuming (%d of %d)", key,
+                      at, cause, resumes, self.resume_attempts)
+            body = self._resume(key, at, start + n - 1, etag)
+
+    def _resume(self, key: str, first: int, last: int, etag: str):  # noqa: ANN202
+        """The body of bytes [first, last] of version `etag`, or PreconditionFailed."""
+        what = f"get {key!r} at {first}"
+        r = self._get_object({"Bucket": self.bucket, "Key": key,
+                              "Range": f"bytes={first}-{last}", "IfMatch": f'"{etag}"'}, what)
+        if r is None:
+            raise BackendError(f"{what}: InvalidRange for the rest of a body")
+        body = r["Body"]
+        try:
+            got = self._received(r, key, first, what)
+            if got.etag and got.etag != etag:
+                raise PreconditionFailed(f"get {key!r}: object changed (ETag mismatch)")
+            if r.get("ContentLength") != last - first + 1:
+                raise BackendError(f"{what}: server sent {r.get('ContentLength')} bytes, "
+                                   f"asked for {last - first + 1}")
+        except BaseException:
+            _close(body)
+            raise
+        return body
 
     def put(self, key: str, data: bytes, metadata: dict[str, str] | None = None) -> ObjectMeta:
         try:
@@ -236,21 +426,14 @@ def multipart_etag(part_etags: list[str]) -> str:
     return f"{digest}-{len(part_etags)}"
 
 
-def _read_body(body, length: int | None) -> bytes | bytearray:  # noqa: ANN001 - StreamingBody
-    """The body in ONE buffer: read() would join a list of pieces, briefly holding the
-    chunk twice (8 GETs in flight x 2 x 8 MiB is most of the daemon's memory)."""
-    if length is None:
-        return body.read()
-    buf = bytearray(length)
-    _read_body_into(body, memoryview(buf))
-    return buf
+def _describe(exc: BaseException) -> str:
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
-def _read_body_into(body, view: memoryview) -> None:  # noqa: ANN001 - StreamingBody
-    got, length = 0, len(view)
-    raw = body._raw_stream  # urllib3 response: readinto, no list of pieces to join
-    while got < length:
-        n = raw.readinto(view[got:])
-        if not n:
-            raise BackendError(f"connection closed after {got} of {length} bytes")
-        got += n
+def _close(body) -> None:  # noqa: ANN001 - StreamingBody
+    """Drop a body's connection (it is not reusable once a read broke off)."""
+    try:
+        body.close()
+    except Exception:  # noqa: BLE001 - closing a broken connection may fail; it is gone
+        pass
