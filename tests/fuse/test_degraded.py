@@ -41,6 +41,7 @@ class Forwarder:
         self._lock = threading.Lock()
         self._open: set[socket.socket] = set()
         self._listener: socket.socket | None = None
+        self._reserved: socket.socket | None = None
         self._listen()
 
     # ---- switching -------------------------------------------------------------------
@@ -55,10 +56,16 @@ class Forwarder:
         listener, self._listener = self._listener, None
         if listener is not None:
             self._shut(listener)  # wakes the accept() of the listening thread
+            # keep the port: bound but not listening, connects are refused, and no other
+            # socket can take it before the store "comes back"
+            self._reserved = self._bind()
         self._drop_all()
 
     def close(self) -> None:
         self.refuse()
+        if self._reserved is not None:
+            self._reserved.close()
+            self._reserved = None
 
     def _switch(self, mode: str) -> None:
         self.mode = mode
@@ -67,10 +74,14 @@ class Forwarder:
             self._listen()
 
     # ---- relaying --------------------------------------------------------------------
-    def _listen(self) -> None:
+    def _bind(self) -> socket.socket:
         s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         s.bind(("127.0.0.1", self.port))
+        return s
+
+    def _listen(self) -> None:
+        s, self._reserved = self._reserved or self._bind(), None
         s.listen(128)
         self._listener = s
         threading.Thread(target=self._accept, args=(s,), daemon=True).start()
