@@ -326,8 +326,9 @@ def _added(stdout: str, key: str) -> int:
 
 
 def _summary(stdout: str) -> str:
-    """The summaries of `tierfs warm --json` added up, as key=value words."""
-    n = len(_summaries(stdout))
+    """The summaries of `tierfs warm --json` added up, as key=value words (mounts: how
+    many mounts answered; a set in several batches has several summaries per mount)."""
+    n = len({str(d.get("mountpoint")) for d in _summaries(stdout)})
     return " ".join([f"mounts={n}"] + [f"{k}={_added(stdout, k)}" for k in _SUMMED]) if n else ""
 
 
@@ -385,31 +386,63 @@ def _job_comment(job: Job, settings: Settings, deadline: float) -> str:
     return comment_from_scontrol(r.stdout)
 
 
+WARM_BATCH_BYTES = 256 << 10  # of manifest text per `tierfs warm`: well inside a control request
+
+
+def batches(paths: list[str], limit: int = WARM_BATCH_BYTES) -> list[list[str]]:
+    """The warm set cut into manifests of at most `limit` bytes each (a manifest and a
+    control request are bounded; a set of many separate files needs several)."""
+    out: list[list[str]] = [[]]
+    size = 0
+    for p in paths:
+        n = len(p.encode()) + 1
+        if out[-1] and size + n > limit:
+            out.append([])
+            size = 0
+        out[-1].append(p)
+        size += n
+    return out
+
+
 def _warm(settings: Settings, job: Job, paths: list[str], deadline: float) -> tuple[str, list[str]]:
     """`tierfs warm` of the paths for the job: (summary words, problems). The manifest
     lines are the checked real paths with glob characters escaped: a file named `a*`
     must not become a pattern that matches its neighbours."""
     timed_out = (f"timed out after {settings.timeout:g}s (the timeout setting), "
                  "nothing pinned")
-    with tempfile.NamedTemporaryFile("w", prefix="tierfs-slurm.", suffix=".warm") as f:
-        f.write("".join(f"{glob.escape(p)}\n" for p in paths))  # mkstemp: 0600, only we read it
-        f.flush()
+    lines = [glob.escape(p) for p in paths]
+    with tempfile.TemporaryDirectory(prefix="tierfs-slurm.") as tmp:  # 0700: only we read it
+        manifests = []
+        for i, batch in enumerate(batches(lines)):
+            manifests.append(os.path.join(tmp, f"{i}.warm"))
+            with open(manifests[-1], "w") as f:
+                f.write("".join(f"{p}\n" for p in batch))
         if settings.max_bytes:  # size the set first: nothing is fetched or pinned beyond it
-            rc, out, err = _tierfs(["warm", "--check", "--manifest", f.name, "--json"],
-                                   deadline)
-            size = _added(out, "bytes")
-            if rc == 124:
-                return "", [f"{timed_out} while sizing the set"]
+            size = 0
+            for manifest in manifests:
+                rc, out, err = _tierfs(["warm", "--check", "--manifest", manifest, "--json"],
+                                       deadline)
+                if rc == 124:
+                    return "", [f"{timed_out} while sizing the set"]
+                size += _added(out, "bytes")
             if size > settings.max_bytes:
                 return "", [f"the set is {format_size(size)}, more than max_bytes "
                             f"({format_size(settings.max_bytes)}): nothing warmed"]
-        argv = ["warm", "--manifest", f.name, "--job", job.id, "--json"]
-        if settings.pin_ttl:
-            argv += ["--pin-ttl", f"{settings.pin_ttl:g}s"]
-        rc, out, err = _tierfs(argv, deadline)
-    if rc == 124:  # the daemon drops a warm whose client went away: nothing is pinned
-        err = timed_out
-    return _summary(out), ([err or f"tierfs warm exited {rc}"] if rc != 0 else [])
+        outs, problems = [], []
+        for manifest in manifests:
+            argv = ["warm", "--manifest", manifest, "--job", job.id, "--json"]
+            if settings.pin_ttl:
+                argv += ["--pin-ttl", f"{settings.pin_ttl:g}s"]
+            rc, out, err = _tierfs(argv, deadline)
+            outs.append(out)
+            if rc == 124:  # the daemon drops a warm whose client went away: nothing pinned
+                problems.append(timed_out if len(manifests) == 1 else
+                                f"timed out after {settings.timeout:g}s (the timeout "
+                                "setting): part of the set not pinned")
+                break
+            if rc != 0:
+                problems.append(err or f"tierfs warm exited {rc}")
+    return _summary("".join(outs)), problems
 
 
 def prolog(settings: Settings, job: Job, log: Log) -> int:

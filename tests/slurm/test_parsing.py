@@ -255,3 +255,14 @@ def test_without_scontrol_the_comment_is_unknown_and_logged(tmp_path):
     [line] = r.stderr.splitlines()
     assert line.startswith("tierfs-slurm prolog job=11 user=root warm FAILED (best-effort: "
                            f"the job starts): {tmp_path}/scontrol: No such file or directory in ")
+
+
+def test_a_large_warm_set_goes_in_bounded_manifests():
+    from tierfs.slurm import batches
+
+    paths = [f"/mnt/data/{i:06d}.bin" for i in range(20_000)]  # 20 bytes + newline each
+    parts = batches(paths, limit=100_000)
+    assert [p for part in parts for p in part] == paths
+    assert all(sum(len(p) + 1 for p in part) <= 100_000 for part in parts)
+    assert len(parts) == 5
+    assert batches([]) == [[]] and batches(["/a"]) == [["/a"]]
