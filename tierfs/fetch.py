@@ -185,7 +185,8 @@ class Fetcher:
                     return 0, self.cache.has(ckey)
                 try:
                     crcs = await self.backend.warm_get(
-                        lambda: self.cache.disk.write_via(ckey, length, fill), length)
+                        lambda: self.cache.disk.write_via(ckey, length, fill), length,
+                        key=obj.key, offset=start)
                 except OSError as exc:
                     raise CacheUnwritable(f"cannot write to the cache dir: {exc}") from None
                 stored(crcs)
