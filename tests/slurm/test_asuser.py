@@ -3,6 +3,7 @@ symlinks and `..` as the kernel resolves them for that user, globs that cannot l
 folders the user cannot list, manifests that are regular files only, and one deadline
 that kills the child whatever it is stuck on."""
 
+import ctypes
 import os
 import subprocess
 import time
@@ -127,14 +128,17 @@ def test_at_most_so_many_manifests(public_dir):
 
 
 def _whoami(_):
-    return [os.getuid(), os.geteuid(), os.getgid(), os.getegid(), sorted(os.getgroups())]
+    dumpable = ctypes.CDLL(None).prctl(3, 0, 0, 0, 0)  # PR_GET_DUMPABLE
+    return [os.getuid(), os.geteuid(), os.getgid(), os.getegid(), sorted(os.getgroups()),
+            dumpable]
 
 
 def test_the_child_is_the_user_for_good():
     who = Identity.of("nobody", 65534, 65534)
-    uid, euid, gid, egid, groups = run_as(who, _whoami, None, time.monotonic() + 20)
+    uid, euid, gid, egid, groups, dumpable = run_as(who, _whoami, None, time.monotonic() + 20)
     assert (uid, euid, gid, egid) == (65534, 65534, 65534, 65534)
     assert groups == sorted(set(who.groups))
+    assert dumpable == 0  # the user cannot ptrace it to change its answer
 
 
 def _hang(_):
