@@ -63,7 +63,7 @@ class Raw(io.RawIOBase):
 
 
 def response(first: int, body: Raw, total: int = len(DATA)) -> dict:
-    n = len(body.data) - 0
+    n = len(body.data)
     return {"Body": StreamingBody(body, n), "ContentLength": n, "ETag": f'"{ETAG}"',
             "ContentRange": f"bytes {first}-{first + n - 1}/{total}", "Metadata": {}}
 
