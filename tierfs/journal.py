@@ -227,6 +227,7 @@ class Journal:
         self._lock = threading.Lock()
         self._fd = os.open(path, os.O_WRONLY | os.O_APPEND)
         self._next_check = max(COMPACT_MIN, size)  # size at which compaction is weighed
+        self._broken = False
 
     @classmethod
     def open(cls, path: str) -> "Journal":
@@ -313,6 +314,9 @@ class Journal:
         with self._lock:
             if self._fd < 0:
                 raise JournalWriteFailed(f"the write-back journal {self.path} is closed")
+            if self._broken:
+                raise JournalWriteFailed(f"the write-back journal {self.path} ends in a failed "
+                                         "append that could not be cut back")
             try:
                 n = os.write(self._fd, raw)
                 if n != len(raw):
@@ -331,8 +335,11 @@ class Journal:
             os.ftruncate(self._fd, self._size)
             os.fdatasync(self._fd)
         except OSError:
-            log.error("write-back journal %s: a failed append could not be cut back; the "
-                      "next start drops it as a torn record", self.path)
+            # appending after it would turn a torn tail into damage in the middle: nothing
+            # more is acknowledged until a restart (which drops the torn tail)
+            self._broken = True
+            log.error("write-back journal %s: a failed append could not be cut back; no "
+                      "more writes are journaled until the next start", self.path)
         if exc.errno == errno.ENOSPC:
             raise NoSpace(f"no space for the write-back journal {self.path}") from None
         raise JournalWriteFailed(f"cannot write the write-back journal {self.path}: "
