@@ -2,19 +2,25 @@
 
 `tierfs mount` without --foreground re-runs itself in the foreground as a detached child
 and waits on a pipe until the child says the mount answers (or why it failed), so the
-parent's exit status tells whether the mount is usable.
+parent's exit status tells whether the mount is usable. The child's stderr is its log
+file, so nothing it says is lost (a Python traceback from before logging starts, a C
+library's assertion, faulthandler's dump of a native crash); a child that dies before
+answering has the last lines of that log printed by the parent.
 """
 
 from __future__ import annotations
 
 import argparse
 import errno
+import faulthandler
 import logging
 import os
+import signal
 import subprocess
 import sys
+import threading
 import time
-from typing import NoReturn
+from typing import IO, NoReturn
 
 from . import sdnotify
 from .config import (FLAG_OPTIONS, MountConfig, build_config, build_config_with_file,
@@ -139,10 +145,15 @@ def _config(args: argparse.Namespace) -> MountConfig:
     return build_config(args.source, args.mountpoint, options)
 
 
-def _setup_logging(cfg: MountConfig, background: bool) -> None:
+def _default_log_file(cfg: MountConfig) -> str:
+    return os.path.join(cfg.effective_cache_dir, "tierfs.log")
+
+
+def _setup_logging(cfg: MountConfig, background: bool) -> str | None:
+    """Log to the log file (--log-file, or CACHE_DIR/tierfs.log in the background) or
+    stderr; returns the log file, if any."""
     handler: logging.Handler
-    log_file = cfg.log_file or (os.path.join(cfg.effective_cache_dir, "tierfs.log")
-                                if background else None)
+    log_file = cfg.log_file or (_default_log_file(cfg) if background else None)
     if log_file:
         handler = _log_file_handler(log_file)
     else:
@@ -157,6 +168,47 @@ def _setup_logging(cfg: MountConfig, background: bool) -> None:
     # botocore logs request details (never credentials) at DEBUG; keep it quiet otherwise
     for noisy in ("botocore", "boto3", "urllib3", "s3transfer"):
         logging.getLogger(noisy).setLevel(max(logging.WARNING, root.level))
+    return log_file
+
+
+_fatal_log: IO[str] | None = None  # open for the life of the daemon: faulthandler writes to its fd
+
+
+def _report_fatal_errors(log_file: str | None) -> None:
+    """Make every way the daemon can die leave its reason where the log is.
+
+    - a native crash (SIGSEGV, SIGBUS, SIGABRT, SIGFPE, SIGILL: a C extension, LMDB on a
+      damaged file) dumps the Python stack of every thread: faulthandler, into the log
+      file when there is one, else stderr (the terminal, or systemd's journal);
+    - an exception nothing caught, in the main thread or any other, is logged with its
+      traceback (in the background, the process's stderr is the log file as well, so even
+      output that bypasses logging lands there).
+    """
+    global _fatal_log
+    if log_file:
+        _fatal_log = open(log_file, "a")  # noqa: SIM115 - held until the process exits
+        faulthandler.enable(file=_fatal_log, all_threads=True)
+    else:
+        faulthandler.enable(all_threads=True)
+    log = logging.getLogger("tierfs")
+
+    def uncaught(exc_type: type[BaseException], exc: BaseException, tb: object) -> None:
+        if issubclass(exc_type, KeyboardInterrupt):
+            sys.__excepthook__(exc_type, exc, tb)  # type: ignore[arg-type]
+            return
+        log.critical("the daemon stopped: uncaught %s", exc_type.__name__,
+                     exc_info=(exc_type, exc, tb))  # type: ignore[arg-type]
+
+    def uncaught_in_thread(args: threading.ExceptHookArgs) -> None:
+        if args.exc_type is SystemExit:
+            return
+        name = args.thread.name if args.thread is not None else "?"
+        log.error("uncaught %s in thread %s", args.exc_type.__name__, name,
+                  exc_info=(args.exc_type, args.exc_value,  # type: ignore[arg-type]
+                            args.exc_traceback))
+
+    sys.excepthook = uncaught
+    threading.excepthook = uncaught_in_thread
 
 
 def _log_file_handler(path: str) -> logging.FileHandler:
@@ -188,7 +240,7 @@ def _mount(args: argparse.Namespace, argv: list[str] | None) -> None:
     if not args.foreground:
         _spawn_background(cfg, sys.argv[1:] if argv is None else argv)
         return
-    _setup_logging(cfg, background=args.ready_fd is not None)
+    _report_fatal_errors(_setup_logging(cfg, background=args.ready_fd is not None))
     import trio
 
     from .daemon import serve
@@ -242,12 +294,23 @@ def _spawn_background(cfg: MountConfig, argv: list[str]) -> None:
     prepare_cache_dir(cfg.effective_cache_dir)
     if cfg.log_file:  # the child's log: a file it cannot write is reported here, not there
         _log_file_handler(cfg.log_file).close()
+    log_file = cfg.log_file or _default_log_file(cfg)
+    # the child's stderr is its log: what it prints before logging is set up, or outside
+    # it (tracebacks, C libraries, faulthandler), is kept, never sent to /dev/null
+    try:
+        log_fd = os.open(log_file, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    except OSError as exc:
+        raise StartupError(f"cannot write the log file {log_file}: {exc.strerror}") from None
+    log_start = os.fstat(log_fd).st_size  # what this start adds to the log comes after
     r, w = os.pipe()
     cmd = [sys.executable, "-m", "tierfs", *argv, "--foreground", "--ready-fd", str(w)]
-    child = subprocess.Popen(cmd, pass_fds=(w,), stdin=subprocess.DEVNULL,
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                             start_new_session=True)
-    os.close(w)
+    try:
+        child = subprocess.Popen(cmd, pass_fds=(w,), stdin=subprocess.DEVNULL,
+                                 stdout=subprocess.DEVNULL, stderr=log_fd,
+                                 start_new_session=True)
+    finally:
+        os.close(w)
+        os.close(log_fd)
     with os.fdopen(r, "rb") as pipe:
         line = pipe.readline().decode(errors="replace").strip()
     if line == "READY":
@@ -255,8 +318,34 @@ def _spawn_background(cfg: MountConfig, argv: list[str]) -> None:
     if line.startswith("ERROR "):
         _fail(line[len("ERROR "):])
     rc = child.wait()
-    log_file = cfg.log_file or os.path.join(cfg.effective_cache_dir, "tierfs.log")
-    _fail(f"the tierfs daemon exited with status {rc} before the mount was ready; see {log_file}")
+    how = (f"was killed by {_signal_name(-rc)}" if rc < 0 else f"exited with status {rc}")
+    tail = _log_tail(log_file, log_start)
+    if not tail:
+        _fail(f"the tierfs daemon {how} before the mount was ready; {log_file} says nothing")
+    # the error line, then the log's own lines (each escaped) so the reason is on screen
+    head = f"the tierfs daemon {how} before the mount was ready; the last lines of {log_file}:"
+    sys.stderr.write(f"tierfs: error: {printable(head)}\n" + "".join(f"  | {t}\n" for t in tail))
+    sys.exit(1)
+
+
+def _signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+def _log_tail(path: str, start: int, lines: int = 20, max_bytes: int = 64 << 10) -> list[str]:
+    """The last `lines` lines written to the log after offset `start` (this start's)."""
+    try:
+        with open(path, "rb") as f:
+            end = f.seek(0, os.SEEK_END)
+            f.seek(max(start, end - max_bytes))
+            data = f.read()
+    except OSError:
+        return []
+    text = data.decode(errors="replace")
+    return [printable(t) for t in text.splitlines() if t.strip()][-lines:]
 
 
 def _unmount_target(args: argparse.Namespace) -> str:

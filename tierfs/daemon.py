@@ -120,12 +120,14 @@ async def _serve_locked(cfg: MountConfig, cache_dir: str, on_ready: Callable[[],
         if cfg.allow_other:
             options.add("allow_other")
         pyfuse3.init(ops, cfg.mountpoint, options)
+        why = "stopping on an error (logged next)"  # the log says why the daemon stopped
         try:
             async with trio.open_nursery() as nursery:
                 await nursery.start(control.serve)
                 nursery.start_soon(_stop_on_signal)
                 nursery.start_soon(_announce_ready, cfg.mountpoint, on_ready)
                 await pyfuse3.main()
+                why = _stop_reason or "unmounted from outside (tierfs unmount, fusermount -u)"
                 # systemd: stopping; give the stop timeout room for the bounded drain
                 sdnotify.notify("STOPPING=1", f"STATUS=stopping: uploading pending files "
                                 f"(up to {cfg.drain_timeout:g}s)",
@@ -136,7 +138,7 @@ async def _serve_locked(cfg: MountConfig, cache_dir: str, on_ready: Callable[[],
                 nursery.cancel_scope.cancel()
         finally:
             pyfuse3.close(unmount=True)
-            log.info("unmounted %s", cfg.mountpoint)
+            log.info("unmounted %s: %s", cfg.mountpoint, why)
         core.cancel()
 
 
@@ -171,9 +173,14 @@ def stop_bound(cfg: MountConfig) -> float:
             + (cfg.backend_retries - 1) * 20.0 + 30.0)
 
 
+_stop_reason: str | None = None  # set when the daemon ends the mount itself
+
+
 async def _stop_on_signal() -> None:
+    global _stop_reason
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
         async for sig in signals:
             log.info("signal %s: unmounting", signal.Signals(sig).name)
+            _stop_reason = f"stopped by signal {signal.Signals(sig).name}"
             pyfuse3.terminate()
             return

@@ -1,8 +1,12 @@
 """FuseOps: the pyfuse3 adapter. Translation and errno mapping only.
 
 Each handler turns its arguments into one core call and the result into pyfuse3 types.
-TierfsError subclasses carry their errno; anything else is a bug, logged with its
-traceback and answered with EIO. A --read-only mount answers every change with EROFS.
+TierfsError subclasses carry their errno, also when they arrive inside an ExceptionGroup
+(a nested nursery in the core). Anything else is a bug or an unforeseen failure of a
+library: it is answered with EIO, counted in tierfs_internal_errors_total{task=<op>}, and
+logged with its traceback the first time it happens at that place (later repeats are one
+line each, so a bug hit by every read does not bury the log). It never ends the mount.
+A --read-only mount answers every change with EROFS.
 """
 
 from __future__ import annotations
@@ -20,11 +24,12 @@ import trio
 
 from .cache import ChunkCache
 from .config import MountConfig
-from .errors import ReadOnly, TierfsError
+from .errors import ReadOnly
 from .fileio import FileIO
 from .meta import SYMLINK, Inode
 from .metrics import Metrics
 from .namespace import Namespace
+from .tasks import expected_error, sole_exception
 
 log = logging.getLogger(__name__)
 
@@ -43,21 +48,42 @@ def _op(name: str) -> Callable:
             except pyfuse3.FUSEError as exc:
                 m.fuse_errors.labels(name, errno.errorcode.get(exc.errno, str(exc.errno))).inc()
                 raise
-            except TierfsError as exc:
-                m.fuse_errors.labels(name, errno.errorcode.get(exc.errno, "EIO")).inc()
-                if exc.errno not in (errno.ENOENT, errno.EROFS, errno.EEXIST, errno.ENOTEMPTY):
-                    log.debug("%s: %s", name, exc)
-                raise pyfuse3.FUSEError(exc.errno) from None
-            except Exception:
-                m.fuse_errors.labels(name, "EIO").inc()
-                log.exception("unexpected error in %s", name)
-                raise pyfuse3.FUSEError(errno.EIO) from None
+            except Exception as exc:  # TierfsError, a group of them, or a bug
+                err = expected_error(exc)
+                code = err.errno if err is not None else errno.EIO
+                m.fuse_errors.labels(name, errno.errorcode.get(code, "EIO")).inc()
+                if err is None:
+                    _internal_error(m, name, exc)
+                elif code not in (errno.ENOENT, errno.EROFS, errno.EEXIST, errno.ENOTEMPTY):
+                    log.debug("%s: %s", name, err)
+                raise pyfuse3.FUSEError(code) from None
             finally:
                 m.fuse_seconds.labels(name).observe(time.perf_counter() - t0)
 
         return handler
 
     return wrap
+
+
+_reported: dict[tuple[str, str, str, int], int] = {}  # (op, type, file, line) -> times seen
+
+
+def _internal_error(m: Metrics, name: str, exc: BaseException) -> None:
+    m.internal_errors.labels(name).inc()
+    first = sole_exception(exc)
+    tb = first.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next  # where it was raised: the same bug keeps the same place
+    code = tb.tb_frame.f_code if tb is not None else None
+    site = (name, type(first).__name__, code.co_filename if code else "?",
+            tb.tb_lineno if tb is not None else 0)
+    seen = _reported[site] = _reported.get(site, 0) + 1
+    if seen == 1:
+        log.error("internal error in %s (answered EIO, the mount stays up): %r", name, first,
+                  exc_info=exc)
+    else:
+        log.error("internal error in %s again (%d times; traceback logged the first time): %r",
+                  name, seen, first)
 
 
 def _unsupported(name: str, err: int) -> Callable:

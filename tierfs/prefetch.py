@@ -5,6 +5,12 @@ at one chunk and doubles up to readahead_chunks. Upcoming chunks that are on dis
 loaded into the memory tier, the others fetched from the backend at background priority.
 `on_read` never blocks a reader: when more than `max_queued` chunks are already being
 read ahead, new requests are dropped (and counted), not queued.
+
+A read-ahead is a guess: its failure is the reader's business only if the reader asks
+for that chunk, and then the reader's own request meets (and reports) the error. So an
+expected failure (a TierfsError, also inside a group) is a debug line; anything else is
+a bug, reported by the Tasks supervisor (tierfs_internal_errors_total{task="read-ahead"})
+and never raised into the daemon's nursery.
 """
 
 from __future__ import annotations
@@ -15,10 +21,9 @@ from dataclasses import dataclass, field
 import trio
 
 from .cache import ChunkCache, ObjectVersion
-from .errors import TierfsError
 from .fetch import Fetcher
 from .metrics import Metrics
-from .tasks import Tasks
+from .tasks import Tasks, expected_error
 
 log = logging.getLogger(__name__)
 
@@ -100,8 +105,11 @@ class Prefetcher:
                     return
             pat.fetched.add(index)
             await self.fetcher.chunk(obj, index, background=True)
-        except TierfsError as exc:
+        except Exception as exc:
+            err = expected_error(exc)
+            if err is None:
+                raise  # a bug: Tasks logs it with its traceback and counts it (read-ahead)
             # the reader will meet the same error on its own request and report it
-            log.debug("read-ahead of %s chunk %d failed: %s", obj.key, index, exc)
+            log.debug("read-ahead of %s chunk %d failed: %s", obj.key, index, err)
         finally:
             self._active.pop(ckey).set()

@@ -19,6 +19,7 @@ from typing import Any, Awaitable, Callable
 
 import trio
 
+from .errors import TierfsError
 from .metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -40,6 +41,15 @@ def leaves(exc: BaseException) -> list[BaseException]:
     if isinstance(exc, BaseExceptionGroup):
         return [leaf for e in exc.exceptions for leaf in leaves(e)]
     return [exc]
+
+
+def expected_error(exc: BaseException) -> TierfsError | None:
+    """The TierfsError that `exc` is, or that every leaf of the group `exc` is (the first
+    one answers for them all); None when anything in it is not a TierfsError: a bug."""
+    found = leaves(exc)
+    if all(isinstance(e, TierfsError) for e in found):
+        return found[0]  # type: ignore[return-value]
+    return None
 
 
 def is_cancellation(exc: BaseException) -> bool:

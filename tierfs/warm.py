@@ -17,6 +17,12 @@ Then, in order:
    rerun resume where the last one stopped;
 4. with a pin owner the set stays pinned afterwards; the chunk index is flushed so a
    daemon restart keeps what was warmed.
+
+Failures are the client's to read, never the daemon's to die of: a path that cannot be
+listed or fetched is an entry in the result's `errors` and the warm goes on with the
+rest. An unexpected exception (a bug, a library error the backend did not translate) is
+logged with its traceback (once per warm), counted in
+tierfs_internal_errors_total{task="warm"}, and reported to the client the same way.
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ from .fetch import Fetcher
 from .meta import FILE, ROOT_INO, Inode
 from .metrics import Metrics
 from .namespace import Namespace
+from .tasks import expected_error, sole_exception
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +77,22 @@ class Warmer:
         self.bucket = bucket
         self._local = has_local_writes
         self._ids = itertools.count(1)
+        self._bugs_logged: set[int] = set()  # warms that logged a traceback already
+
+    def _failure(self, exc: Exception, warm_id: int = 0) -> TierfsError:
+        """What a client is told about `exc`: the TierfsError it is (also inside a group),
+        or, for anything else, a generic error - after logging the traceback (the first
+        time in this warm) and counting an internal error."""
+        err = expected_error(exc)
+        if err is not None:
+            return err
+        bug = sole_exception(exc)
+        self.metrics.internal_errors.labels("warm").inc()
+        if warm_id not in self._bugs_logged:
+            self._bugs_logged.add(warm_id)
+            log.error("internal error in warm (the mount stays up): %r", bug, exc_info=exc)
+        return TierfsError(f"internal error ({type(bug).__name__}: {bug}); the daemon's log "
+                           f"has the traceback")
 
     # ---- resolving a set -------------------------------------------------------------
 
@@ -78,8 +101,8 @@ class Warmer:
         for pattern in patterns:
             try:
                 matches = await self._match(pattern)
-            except TierfsError as exc:
-                ws.errors.append({"path": pattern, "error": str(exc)})
+            except Exception as exc:
+                ws.errors.append({"path": pattern, "error": str(self._failure(exc))})
                 continue
             if not matches:
                 why = "matches nothing" if glob.has_magic(pattern) else "no such file or directory"
@@ -146,10 +169,11 @@ class Warmer:
             async with limiter:
                 try:
                     results[i] = await self.ns.listdir(d.ino)
-                except TierfsError as exc:
-                    failures.append(exc)
+                except Exception as exc:  # never into the nursery: one listing, one entry
+                    err = self._failure(exc)
+                    failures.append(err)
                     if ws is not None:
-                        ws.errors.append({"path": path or "/", "error": str(exc)})
+                        ws.errors.append({"path": path or "/", "error": str(err)})
 
         async with trio.open_nursery() as nursery:
             for i, (path, d) in enumerate(dirs):
@@ -217,8 +241,8 @@ class Warmer:
             try:
                 result = await self._warm(patterns, ws, state, check, pin_owner, pin_expires,
                                           concurrency)
-            except TierfsError as exc:  # raised below, bare: callers catch TierfsError
-                error = exc
+            except Exception as exc:  # raised below, bare: callers catch TierfsError
+                error = self._failure(exc)
             else:
                 error = None
             nursery.cancel_scope.cancel()
@@ -247,7 +271,8 @@ class Warmer:
             raise NoSpace(f"the warm set is {format_size(total)} ({len(ws.files)} files) but the cache "
                           f"can hold {format_size(room)} of it ({why}): warm less, unpin "
                           f"something, or raise --cache-size")
-        transient = f"warm:{next(self._ids)}"
+        warm_id = next(self._ids)
+        transient = f"warm:{warm_id}"
         self.cache.pins.add(transient, ws.objects)
         failed: set[str] = set()
 
@@ -267,11 +292,10 @@ class Warmer:
                     continue
                 try:
                     fetched, cached = await self.fetcher.warm(obj, index)
-                except PreconditionFailed:
-                    fail(path, "changed in the bucket while warming: run the warm again")
-                    continue
-                except TierfsError as exc:
-                    fail(path, str(exc))
+                except Exception as exc:
+                    err = self._failure(exc, warm_id)
+                    fail(path, "changed in the bucket while warming: run the warm again"
+                         if isinstance(err, PreconditionFailed) else str(err))
                     continue
                 state["bytes_fetched"] += fetched
                 state["bytes_done"] += self.fetcher.chunk_length(obj, index)
@@ -286,6 +310,7 @@ class Warmer:
             if pin_owner:
                 self.cache.pins.add(pin_owner, ws.objects, pin_expires)
         finally:
+            self._bugs_logged.discard(warm_id)
             self.cache.pins.release(transient)
             with trio.CancelScope(shield=True):
                 await self.cache.flush_index()
