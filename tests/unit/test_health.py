@@ -180,3 +180,37 @@ async def test_start_up_check_is_bounded_and_only_an_unreachable_store_degrades(
     h.mark_up()
     assert not await h.start(refused, 1.0)
     assert not h.up and "refused" in h.reason
+
+
+async def test_a_stalled_request_makes_a_hung_store_degraded_before_it_ends(tmp_path, nursery):
+    """The store hangs: the first GET waits out its timeouts, but from stall_warn on the
+    probe has confirmed the outage and every other request fails at once."""
+    release = threading.Event()
+
+    class Hung(FileBackend):
+        def get(self, key, start, length, etag):
+            release.wait(10)
+            raise BackendUnavailable(f"get {key!r}: read timeout (test)")
+
+    (tmp_path / "k").write_bytes(b"hello")
+    metrics = Metrics()
+    probe = Probe()
+    probe.answers = False
+    backend = AsyncBackend(Hung(str(tmp_path)), metrics, concurrency=4, background=1,
+                           stall_warn=0.2)
+    backend.health = h = BackendHealth(metrics, probe, interval_s=0.05, timeout_s=0.3)
+    nursery.start_soon(h.run)
+    nursery.start_soon(backend.watch_stalls)
+    try:
+        async with trio.open_nursery() as n:
+            async def first_get() -> None:
+                with pytest.raises(BackendUnavailable):
+                    await backend.get("k", 0, 5, None)
+
+            n.start_soon(first_get)
+            await until(lambda: not h.up, 3)  # while the first GET still hangs
+            with pytest.raises(StoreDown):
+                await backend.get("k", 0, 5, None)
+            release.set()
+    finally:
+        release.set()

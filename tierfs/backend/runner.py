@@ -167,6 +167,9 @@ class AsyncBackend:
                 log.warning("backend %s has been running for %.1f s (stall-warn %gs): the "
                             "object store is slow or not answering", req,
                             now - req.started, self.stall_warn)
+                if self.health is not None:  # a hung store goes degraded now, not at the
+                    # end of this request's retries: one probe tells slow from gone
+                    self.health.suspect(f"{req} running for {now - req.started:.0f}s")
 
     def in_flight(self) -> list[tuple[str, str, int | None, float]]:
         """(op, key, offset, seconds running) of each request a worker thread runs now."""
