@@ -49,9 +49,12 @@ def shared(rgw):
     client.create_bucket(Bucket=name)
     with BodyProxy(rgw.endpoint) as proxy, pytest.MonkeyPatch.context() as mp:
         use_rgw_credentials(mp, rgw)
-        b = s3_backend(rgw, name, endpoint_url=proxy.endpoint, max_attempts=3, timeout_s=2)
+        # a read timeout no loaded machine reaches, except for the stall tests' backend
+        b = s3_backend(rgw, name, endpoint_url=proxy.endpoint, max_attempts=3, timeout_s=20)
+        quick = s3_backend(rgw, name, endpoint_url=proxy.endpoint, max_attempts=3,
+                           timeout_s=2)
         try:
-            yield proxy, b, client, name
+            yield proxy, b, client, name, quick
         finally:
             delete_bucket(client, name)
 
@@ -73,7 +76,16 @@ def bucket(shared):
 @pytest.fixture
 def store(shared, proxy):
     """(backend through the proxy, its event counts, boto3 client straight to the RGW)."""
-    _, b, client, _ = shared
+    _, b, client, _, _ = shared
+    counted = Counted()
+    b.events = counted.events()
+    return b, counted, client
+
+
+@pytest.fixture
+def quick(shared, proxy):
+    """Like store, with a 2 s read timeout: a stalled body is resumed after 2 s."""
+    _, _, client, _, b = shared
     counted = Counted()
     b.events = counted.events()
     return b, counted, client
@@ -93,14 +105,17 @@ def read(b, key, start, length, etag, how, **kw):
 
 @pytest.mark.parametrize("how", ["get", "get_into"])
 @pytest.mark.parametrize("kind", ["rst", "fin", "stall"])
-def test_a_body_cut_short_is_resumed_and_exact(store, proxy, bucket, kind, how):
-    b, counted, client = store
+def test_a_body_cut_short_is_resumed_and_exact(request, proxy, bucket, kind, how):
+    b, counted, client = request.getfixturevalue("quick" if kind == "stall" else "store")
     data = os.urandom(SIZE)
     etag = put(client, bucket, "cut.bin", data)
     proxy.faults = [Fault(kind, at=100_000)]
     start, length = 1000, SIZE - 2000
     assert read(b, "cut.bin", start, length, etag, how) == data[start:start + length]
-    assert len(proxy.applied) == 1 and counted.resumed == 1
+    assert len(proxy.applied) == 1 and counted.resumed >= 1
+    if counted.resumed > 1:  # the RGW itself was slower than 2 s: resumed again, right
+        assert kind == "stall"
+        return
     first, resume = proxy.gets()[-2:]
     assert first.headers["range"] == f"bytes={start}-{start + length - 1}"
     # continued from the bytes received (up to 100,000 of them), pinned to the version

@@ -77,17 +77,17 @@ def test_fast_requests_are_no_stalls_and_queueing_is_not_a_stall(tmp_path, caplo
 
     class Slow(FileBackend):
         def get(self, *args, **kw):
-            time.sleep(0.2)
+            time.sleep(0.1)
             return super().get(*args, **kw)
 
     async def go():
-        # one thread, eight requests of 0.2 s: the last waits ~1.4 s for the thread but
-        # none runs longer than 0.5 s
-        ab = AsyncBackend(Slow(str(tmp_path)), m, concurrency=1, background=1, stall_warn=0.5)
+        # one thread, 30 requests of 0.1 s: the last ones wait ~3 s for the thread, but
+        # none runs anywhere near 1.5 s
+        ab = AsyncBackend(Slow(str(tmp_path)), m, concurrency=1, background=1, stall_warn=1.5)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(ab.watch_stalls)
             async with trio.open_nursery() as readers:
-                for _ in range(8):
+                for _ in range(30):
                     readers.start_soon(ab.get, "f", 0, 100, None)
             nursery.cancel_scope.cancel()
 
