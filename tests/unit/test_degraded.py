@@ -1,14 +1,12 @@
 """Degraded mode in the core (no FUSE): the store goes away, what is cached stays served.
 
 The core is the daemon's (unitkit.core -> tierfs.core.build_core) over a FileBackend
-behind `Outage`, a failure-injecting wrapper: `down` makes every call fail as an
-unreachable endpoint does (BackendUnavailable), `fail` makes one kind of call fail with a
-given error. The namespace's clock is fake ("past the TTL" is a clock advance); the
-health's probe interval and the failed-range memo are shortened so an outage takes a
-fraction of a second of real time.
+behind faultkit's FaultBackend: the store is "down" while every call fails as an
+unreachable endpoint does (BackendUnavailable, its bucket checks too). The namespace's
+clock is fake ("past the TTL" is a clock advance); the health's probe interval and the
+failed-range memo are shortened so an outage takes a fraction of a second of real time.
 """
 
-import collections
 import errno
 import logging
 import os
@@ -17,10 +15,11 @@ import pytest
 import trio
 
 from tierfs.backend.file import FileBackend
-from tierfs.errors import (AccessDenied, BackendError, BackendUnavailable, NotFound,
-                           RecentFailure, StoreDown, TierfsError)
+from tierfs.errors import (AccessDenied, BackendError, NotFound, RecentFailure, StoreDown,
+                           TierfsError)
 from tierfs.meta import ROOT_INO
 
+from faultkit import Action, FaultBackend, error, unavailable
 from unitkit import core
 
 KIB = 1 << 10
@@ -28,33 +27,14 @@ CS = 64 * KIB  # unitkit's chunk size
 TTL = 60.0
 
 
-class Outage:
-    """A Backend that can lose its store (`down`) or fail one kind of call (`fail`)."""
+class _Denied(Action):
+    def before(self, call) -> None:
+        raise AccessDenied(f"{call.op} {call.key!r}: access denied (injected)")
 
-    def __init__(self, inner) -> None:
-        self.inner = inner
-        self.down = False
-        self.fail: dict[str, Exception] = {}
-        self.calls: collections.Counter = collections.Counter()
 
-    def __getattr__(self, name):
-        attr = getattr(self.inner, name)
-        if not callable(attr):
-            return attr
-
-        def call(*args, **kw):
-            self.calls[name] += 1
-            if self.down:
-                raise BackendUnavailable(f"{name}: endpoint unreachable (test outage)")
-            if name in self.fail:
-                raise self.fail[name]
-            return attr(*args, **kw)
-
-        return call
-
-    def requests(self) -> int:
-        """Calls other than the health's bucket checks."""
-        return sum(n for op, n in self.calls.items() if op != "check")
+def requests(store: FaultBackend) -> int:
+    """Calls other than the health's bucket checks."""
+    return sum(n for op, n in store.calls.items() if op != "check")
 
 
 def write(src, key: str, data: bytes) -> bytes:
@@ -110,7 +90,7 @@ def quick(c):
 def store(tmp_path):
     src = tmp_path / "src"
     src.mkdir()
-    return Outage(FileBackend(str(src)))
+    return FaultBackend(FileBackend(str(src)))
 
 
 async def test_store_down_serves_what_is_cached_and_fails_the_rest_fast(tmp_path, store,
@@ -131,13 +111,13 @@ async def test_store_down_serves_what_is_cached_and_fails_the_rest_fast(tmp_path
         nb = await c.ns.lookup(d.ino, b"b.bin")
         await trio.sleep(0.1)  # fills land in the disk tier
 
-        store.down = True
+        down = store.inject("*", unavailable())
         c.clock.advance(TTL + 1)
         # the first request past the TTL finds the store gone; a probe confirms it
         assert names(await c.ns.listdir(ROOT_INO)) == root
         await until(lambda: not health.up)
         assert c.metrics.value("tierfs_backend_up") == 0
-        sent = store.requests()
+        sent = requests(store)
 
         # listings, lookups, stat, open and reads of what is cached, past the TTL
         assert names(await c.ns.listdir(d.ino)) == [b"a.bin", b"b.bin"]
@@ -163,7 +143,7 @@ async def test_store_down_serves_what_is_cached_and_fails_the_rest_fast(tmp_path
             with pytest.raises(TierfsError) as err:  # a name never seen anywhere
                 await c.ns.lookup(e.ino, b"never-listed.txt")
             assert err.value.errno == errno.EIO
-        assert store.requests() == sent
+        assert requests(store) == sent
 
         # one line per directory served stale, however many lookups
         lines = stale_lines(caplog)
@@ -172,7 +152,7 @@ async def test_store_down_serves_what_is_cached_and_fails_the_rest_fast(tmp_path
         assert any(line.startswith("cannot revalidate /d/ ") for line in lines)
 
         # the store comes back: the probe notices, uncached data is fetched again
-        store.down = False
+        down.remove()
         await until(lambda: health.up)
         assert c.metrics.value("tierfs_backend_up") == 1
         assert await c.io.read(h.fh, 0, 4 * KIB) == b[:4 * KIB]
@@ -194,7 +174,7 @@ async def test_a_failed_range_answers_the_kernels_re_asks_at_once(tmp_path, stor
         c.fetcher.failed_memo_s = 0.5
         f = await resolve(c.ns, "f.bin")
         h, _ = await c.io.open(f.ino)
-        store.fail["get"] = BackendError("get 'f.bin' at 0: 500 InternalError")
+        failing = store.inject("get", error("500 InternalError"))
         with pytest.raises(BackendError):
             await c.io.read(h.fh, 0, 4 * KIB)
         gets = store.calls["get"]
@@ -210,11 +190,11 @@ async def test_a_failed_range_answers_the_kernels_re_asks_at_once(tmp_path, stor
         with pytest.raises(BackendError):
             await c.io.read(h.fh, 0, 4 * KIB)
         assert store.calls["get"] > gets
-        del store.fail["get"]
+        failing.remove()
         await trio.sleep(0.5)
         assert await c.io.read(h.fh, 0, 4 * KIB) == data[:4 * KIB]  # success clears it
 
-        store.fail["get"] = AccessDenied("get 'g': access denied")  # the errno is kept
+        store.inject("get", _Denied())  # the errno of the first failure is kept
         g = write(src, "g.bin", b"g" * 100)
         c.clock.advance(TTL + 1)
         hg, _ = await c.io.open((await c.ns.lookup(ROOT_INO, b"g.bin")).ino)
@@ -229,9 +209,10 @@ async def test_a_failed_range_answers_the_kernels_re_asks_at_once(tmp_path, stor
 
 async def test_lookup_failures_arrive_as_the_backend_error_not_a_group(tmp_path, store):
     async with core(str(tmp_path), backend=store, bucket=store.inner.root) as c:
-        store.fail["list"] = BackendError("list 'x': 500 InternalError")
+        failing = store.inject("list", error("500 InternalError"))
         with pytest.raises(BackendError):  # both one-key LISTs failed: one error, no group
             await c.ns.lookup(ROOT_INO, b"x")
-        store.fail["list"] = AccessDenied("list 'x': access denied")
+        failing.remove()
+        store.inject("list", _Denied())
         with pytest.raises(AccessDenied):  # an answer of the store is never served stale
             await c.ns.lookup(ROOT_INO, b"x")
