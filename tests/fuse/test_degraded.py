@@ -222,9 +222,11 @@ def test_store_down_cache_served_uncached_eio_remount_degraded_then_recovers(
     # a restart while the store hangs: mounted within the start-up timeout, cache served
     fwd.hang()
     t0 = time.monotonic()
-    m = mount(rgw, fwd, bucket, tmp_path, timeout=STARTUP_TIMEOUT_S + 30)
+    m = mount(rgw, fwd, bucket, tmp_path, timeout=STARTUP_TIMEOUT_S + 40)
     try:
-        assert time.monotonic() - t0 < STARTUP_TIMEOUT_S + 20
+        # bounded (interpreter start-up on a loaded machine is most of the slack), where
+        # the bucket check alone used to wait out every retry: minutes
+        assert time.monotonic() - t0 < STARTUP_TIMEOUT_S + 25
         assert m.counter("tierfs_backend_up") == 0
         assert sorted(os.listdir(m.path / "d"))[0] == "cached-0.bin"
         for k in cached:
