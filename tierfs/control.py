@@ -143,7 +143,9 @@ class ControlServer:
         total_read, lookups = sum(read.values()), sum(hits.values()) + misses
         owners = []
         for owner, pin in sorted(c.pins.owners.items()):
-            owners.append({"owner": owner, "files": len(pin.objects), "expires": pin.expires,
+            # a pin set before TTLs were checked may carry NaN/inf: shown as "no expiry"
+            expires = pin.expires if pin.expires is None or math.isfinite(pin.expires) else None
+            owners.append({"owner": owner, "files": len(pin.objects), "expires": expires,
                            "bytes": c.bytes_of(pin.objects)})
         pinned = c.pins.objects()
         return {**self.info, "pid": os.getpid(), "uptime_s": round(time.time() - self._started),
