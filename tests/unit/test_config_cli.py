@@ -32,6 +32,20 @@ def tierfs(*args: str, user: int | None = None, namespace_setup: str | None = No
                           stdin=subprocess.DEVNULL, cwd="/")
 
 
+def main_in_process(argv: list[str]) -> subprocess.CompletedProcess:
+    """cli.main() as the command runs it, its stderr captured; the umask it sets for the
+    daemon (private files) is given back, so later tests in this process are unaffected."""
+    err = io.StringIO()
+    umask = os.umask(0o022)
+    os.umask(umask)
+    try:
+        with contextlib.redirect_stderr(err), pytest.raises(SystemExit) as exit_:
+            cli.main(argv)
+    finally:
+        os.umask(umask)
+    return subprocess.CompletedProcess(argv, exit_.value.code, "", err.getvalue())
+
+
 def one_line(r: subprocess.CompletedProcess, *needles: str) -> str:
     lines = r.stderr.splitlines()
     assert r.returncode != 0, r
@@ -57,11 +71,8 @@ def one_line(r: subprocess.CompletedProcess, *needles: str) -> str:
 ])
 def test_bad_values_are_one_line_naming_the_option(tmp_path, args, option, reason):
     # in-process (the same main() as the command): one subprocess below proves the wiring
-    err = io.StringIO()
-    with contextlib.redirect_stderr(err), pytest.raises(SystemExit) as exit_:
-        cli.main(["mount", "s3://bucket", str(tmp_path), *args])
-    r = subprocess.CompletedProcess([], exit_.value.code, "", err.getvalue())
-    line = one_line(r, option, reason)
+    line = one_line(main_in_process(["mount", "s3://bucket", str(tmp_path), *args]), option,
+                    reason)
     assert "\\n" in line or "\n" not in args[-1]  # a newline is shown escaped, never sent
 
 
@@ -83,10 +94,7 @@ def test_no_value_options_are_the_booleans_everywhere():
     (["frobnicate"], "(see 'tierfs --help')"),
 ])
 def test_usage_errors_name_the_real_command(args, hint):
-    err = io.StringIO()
-    with contextlib.redirect_stderr(err), pytest.raises(SystemExit) as exit_:
-        cli.main(args)
-    line = one_line(subprocess.CompletedProcess([], exit_.value.code, "", err.getvalue()))
+    line = one_line(main_in_process(args))
     assert line.endswith(hint) and "tierfs tierfs" not in line
 
 

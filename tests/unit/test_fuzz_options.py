@@ -133,6 +133,8 @@ def test_any_mount_command_line_is_one_error_line(args):
     # and nothing is created (no --log-file, --cache-dir or --foreground in the pool)
     argv = ["mount", "s3://bucket", "/nonexistent/tierfs-fuzz/mnt", *args]
     err = io.StringIO()
+    umask = os.umask(0o022)  # main() sets the daemon's private umask: not for this process
+    os.umask(umask)
     with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
         try:
             cli.main(argv)
@@ -140,6 +142,8 @@ def test_any_mount_command_line_is_one_error_line(args):
             assert exc.code not in (0, None)
         else:
             raise AssertionError("a mount on a missing mount point succeeded")
+        finally:
+            os.umask(umask)
     text = err.getvalue()
     lines = text.splitlines()
     assert len(lines) == 1 and lines[0].startswith("tierfs: error: "), text
