@@ -165,8 +165,20 @@ class _Connection:
         self.rst = False  # end with an RST instead of a FIN
 
     def reset(self) -> None:
+        """RST now (not when the task gets to it): the peer must see it before the caller
+        of down() goes on."""
         self.rst = True
+        _close_socket(self.stream.socket, rst=True)
         self.scope.cancel()
+
+
+def _close_socket(sock, rst: bool) -> None:
+    try:
+        if rst:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        sock.close()
+    except OSError:
+        pass
 
 
 class _EOF(Exception):
@@ -342,7 +354,7 @@ class FaultProxy:
         self._start_error: BaseException | None = None
         self._stop: trio.Event | None = None
         self._release: trio.Event | None = None
-        self._accept_scope: trio.CancelScope | None = None
+        self._listener = None
         self._nursery: trio.Nursery | None = None
 
     # -------------------------------------------------------------- life cycle
@@ -408,16 +420,16 @@ class FaultProxy:
         return sock
 
     async def _accept_loop(self, listener) -> None:
-        with trio.CancelScope() as scope:
-            self._accept_scope = scope
-            try:
-                while True:
-                    sock, _ = await listener.accept()
-                    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                    self._nursery.start_soon(self._serve, _Connection(trio.SocketStream(sock)))
-            finally:
-                listener.close()
-                self._listening = False
+        self._listener = listener
+        try:
+            while True:
+                sock, _ = await listener.accept()
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                self._nursery.start_soon(self._serve, _Connection(trio.SocketStream(sock)))
+        except (trio.ClosedResourceError, OSError):
+            pass  # down(): the listener was closed under us
+        finally:
+            listener.close()
 
     # -------------------------------------------------------------- control (any thread)
     def inject(self, kind: str, ops: str | set[str] | frozenset[str] | None = None, *,
@@ -459,10 +471,12 @@ class FaultProxy:
         self._call(self._down_now)
 
     def _down_now(self) -> None:
+        # synchronously: once down() returns, connects are refused and open connections reset
         self._is_down = True
-        if self._accept_scope is not None:
-            self._accept_scope.cancel()
-            self._accept_scope = None
+        if self._listener is not None:
+            self._listener.close()
+            self._listener = None
+        self._listening = False
         for c in list(self._conns):
             c.reset()
 
@@ -474,10 +488,6 @@ class FaultProxy:
         if not self._is_down:
             return
         self._is_down = False
-        for _ in range(500):  # the old listener closes in its task's finally
-            if not self._listening:
-                break
-            await trio.sleep(0.01)
         listener = await self._listen()
         self._nursery.start_soon(self._accept_loop, listener)
 
@@ -615,13 +625,7 @@ class FaultProxy:
             self._close(conn)
 
     def _close(self, conn: _Connection) -> None:
-        sock = conn.stream.socket
-        try:
-            if conn.rst:
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-            sock.close()
-        except OSError:
-            pass
+        _close_socket(conn.stream.socket, conn.rst)
 
     async def _before(self, conn: _Connection, rule: Rule, key: str) -> bool:
         """Faults applied before forwarding; False: the connection ends now."""

@@ -28,12 +28,16 @@ def test_d4_backend_faults_in_the_background_are_never_silent(rgw, proxy, bucket
         proxy.inject("reset", "GET")
         fkit.read_errno(bg.path / "d4/a.bin")
         time.sleep(1.0)
-        log = bg.log_text()
-        if not bg.alive():
+        if not (bg.alive() and fkit.is_mounted(bg.mountpoint)):
+            deadline = time.monotonic() + 30  # it is ending: let it finish its log
+            while bg.alive() and time.monotonic() < deadline:
+                time.sleep(0.1)
+            log = bg.log_text()
             assert "Traceback" in log or "Fatal Python error" in log or " CRITICAL " in log, (
                 "the background daemon died and tierfs.log does not say why:\n" + fkit.tail(log))
+        log = bg.log_text()
         assert bg.alive(), "the background daemon died of a reset GET; log:\n" + fkit.tail(log)
-        assert fkit.is_mounted(bg.mountpoint)
+        assert fkit.is_mounted(bg.mountpoint), "the mount is gone; log:\n" + fkit.tail(log)
     finally:
         proxy.heal()
         bg.stop()

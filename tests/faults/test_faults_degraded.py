@@ -36,8 +36,8 @@ def test_d8_a_hung_store_is_logged_and_reads_fail_in_bounded_time(mounts, s3, bu
     assert stalls, "no stall WARNING names the key; log:\n" + fkit.tail(m.log_text())
     assert m.counter("tierfs_backend_stalls_total") >= 1
     proxy.heal()
-    fkit.eventually(lambda: fkit.read(m.path / "d8/cold.bin") == data, 30, interval=0.5,
-                    alive_of=m)
+    fkit.eventually(lambda: fkit.read_errno(m.path / "d8/cold.bin") == (data, None), 30,
+                    interval=0.5, alive_of=m)
 
 
 def _timed(fn, bound: float):
@@ -95,5 +95,5 @@ def test_d9_cached_data_is_served_while_the_store_is_down(mounts, s3, bucket, pr
 
     # the store answers again: the mount recovers by itself
     proxy.heal()
-    fkit.eventually(lambda: fkit.read(m.path / "d9/cold.bin") == cold, 60, interval=0.5,
-                    alive_of=m)
+    fkit.eventually(lambda: fkit.read_errno(m.path / "d9/cold.bin") == (cold, None), 60,
+                    interval=0.5, alive_of=m)
