@@ -120,3 +120,13 @@ class CacheCorrupt(TierfsError):
 
 class CacheUnwritable(TierfsError):
     """The disk tier cannot take a chunk (cache disk full or failing): `tierfs warm` says so."""
+
+
+class EarlierWriteFailed(TierfsError):
+    """fsync()/close() of a file whose last write() or truncate failed (ENOSPC, EIO): the
+    file does not hold what the application meant, so it is not saved (NFS reports a
+    failed write again at close the same way). Carries the errno of that failure."""
+
+    def __init__(self, message: str, errno_: int) -> None:
+        super().__init__(message)
+        self.errno = errno_

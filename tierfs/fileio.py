@@ -82,7 +82,11 @@ class FileIO:
         if flags & _WRITE_FLAGS:
             h.dirty = self._open_dirty(node, truncate=bool(flags & os.O_TRUNC))
             if flags & os.O_TRUNC and h.dirty.size:
-                await self.wb.truncate(h.dirty, 0)  # type: ignore[union-attr]
+                try:
+                    await self.wb.truncate(h.dirty, 0)  # type: ignore[union-attr]
+                except BaseException:
+                    await self._release_dirty(h.dirty)  # no handle: no release will come
+                    raise
         self._handles[h.fh] = h
         h.read_unsaved = bool(self.wb and self.wb.is_dirty(ino))
         keep = (self._opened_etag.get(ino) == node.etag and ino not in self._kernel_stale
@@ -112,7 +116,14 @@ class FileIO:
     async def release(self, fh: int) -> None:
         h = self._handles.pop(fh, None)
         if h is not None and h.dirty is not None and self.wb is not None:
-            await self.wb.release(h.dirty)
+            await self._release_dirty(h.dirty)
+
+    async def _release_dirty(self, d: DirtyFile) -> None:
+        if await self.wb.release(d):  # type: ignore[union-attr]
+            # a failed write's changes were dropped: what the kernel cached of them (pages,
+            # size) must not outlive them; the next open asks again
+            self._kernel_stale.add(d.ino)
+            self._opened_etag.pop(d.ino, None)
 
     async def read(self, fh: int, offset: int, size: int) -> bytes:
         h = self._handles[fh]
@@ -231,7 +242,7 @@ class FileIO:
             await self.wb.truncate(d, size)  # type: ignore[union-attr]
             await self.wb.flush(d)  # type: ignore[union-attr]
         finally:
-            await self.wb.release(d)  # type: ignore[union-attr]
+            await self._release_dirty(d)
 
     async def unlink(self, parent: int, name: bytes) -> None:
         node = await self.ns.lookup(parent, name)

@@ -10,7 +10,10 @@ upload whose untouched parts are copied server-side (UploadPartCopy with If-Matc
 base ETag) and the others uploaded from the staging file, several in parallel. The
 object appears under its name only when the PUT or CompleteMultipartUpload succeeds:
 never partially. The written chunks then enter the disk tier under the new ETag, so
-reading back what was just written costs no GET.
+reading back what was just written costs no GET. Every upload whose bytes all come from
+this node carries the CRC32C of each chunk in its user metadata (tierfs/integrity.py),
+which later reads check; one with server-side-copied parts does not (its base bytes
+would have to be downloaded first).
 
 Durability (the only copy of acknowledged data lives here until uploaded):
 - default mode: flush (close) and fsync upload and return only when S3 has the object;
@@ -21,34 +24,67 @@ Durability (the only copy of acknowledged data lives here until uploaded):
 Dirty bytes count against the cache budget and are never evicted; writers wait up to
 --dirty-wait for uploads to release budget, then get ENOSPC.
 
+Failures:
+- a write() or truncate that fails (ENOSPC, EIO) marks the file failed: its fsync() and
+  close() fail with the same errno and its bytes are not uploaded (they are not what the
+  application meant), until a later write or truncate succeeds. Acknowledged bytes are
+  never dropped: a journaled file is still uploaded as it stands.
+- a part that fails is retried (PART_ATTEMPTS, with backoff); a multipart upload that
+  vanished (NoSuchUpload: aborted elsewhere, expired) is started again from scratch;
+- a file whose upload still fails waits its own backoff (RETRY_MIN_S doubling to
+  RETRY_MAX_S) and is tried again, forever, while the other files go on: what was
+  acknowledged reaches the bucket once the store answers again, without a remount.
+
+Multipart uploads are owned: each one this daemon creates or runs is in `_owned` (id or
+the pending marker recorded before CreateMultipartUpload answers) from before it exists
+until it is completed or given up. Orphan cleanup aborts only recorded uploads that no
+one owns: those of an earlier daemon, of an attempt that failed, and those created on the
+server whose answer was lost (found by listing the key's uploads initiated while the
+marker was live). It never touches a key while an upload of it is being created here.
+
 Concurrency: one trio.Lock per DirtyFile serializes writes, truncates and uploads of that
 file (an upload sees one consistent generation). Staging I/O is page-cache pwrite/pread
-on the trio thread; fsync and chunk-cache fills go to worker threads.
+on the trio thread; fsync, CRCs and chunk-cache fills go to worker threads.
 """
 
 from __future__ import annotations
 
+import errno
 import logging
 import math
 import os
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Awaitable, Callable
+from typing import Awaitable, Callable, TypeVar
 
 import trio
 
 from .backend.runner import AsyncBackend
 from .cache import ChunkCache, ObjectVersion
-from .errors import NoSpace, TierfsError
+from .errors import (AccessDenied, CacheUnwritable, EarlierWriteFailed, NoSpace, NoSuchBucket,
+                     NotFound, PreconditionFailed, TierfsError)
+from .integrity import chunk_crcs_metadata, crc32c
 from .meta import MetaStore
 from .metrics import Metrics
+from .tasks import is_cancellation, leaves
 
 log = logging.getLogger(__name__)
 
+T = TypeVar("T")
+
 PART_MIN = 8 << 20  # S3 wants parts >= 5 MiB; 8 MiB keeps part counts low
+RETRY_MIN_S = 1.0  # a file whose upload failed waits this long, doubling up to RETRY_MAX_S
 RETRY_MAX_S = 60.0
+PART_ATTEMPTS = 3  # tries of one part (each with botocore's own retries) before the file fails
+PART_RETRY_S = 0.5  # first pause between tries of a part, doubling
+RESTARTS = 2  # times one upload attempt starts over after its multipart upload vanished
+CLOCK_SKEW_S = 300.0  # between this node and the store, when comparing Initiated times
 _PENDING = "pending-"  # an uploads record made before CreateMultipartUpload answered
+_WAKE = -1  # queue items that are not inodes: re-check the retry schedule,
+_SWEEP = -2  # abort orphaned uploads
+# failures a retry cannot fix: the upload is gone, the base changed, or we may not write
+_FINAL = (NotFound, PreconditionFailed, AccessDenied, NoSuchBucket)
 
 ReadBase = Callable[[ObjectVersion, int], Awaitable[bytes | memoryview]]
 
@@ -69,7 +105,11 @@ class DirtyFile:
     saved_generation: int = 0  # the generation the object store holds
     journaled: bool = False
     unlinked: bool = False
-    upload_id: str | None = None
+    upload_id: str | None = None  # the multipart upload under way (owned by this daemon)
+    # the last write or truncate failed (its TierfsError): fsync/close report it and the
+    # bytes are not saved until a later write or truncate succeeds
+    failed: TierfsError | None = None
+    failures: int = 0  # uploads failed in a row, for this file's retry backoff
     lock: trio.Lock = field(default_factory=trio.Lock)
 
     @property
@@ -83,12 +123,18 @@ class DirtyFile:
                 "staging": self.staging, "materialized": sorted(self.materialized),
                 "metadata": self.metadata, "upload_id": self.upload_id}
 
+    def sticky_error(self, what: str) -> EarlierWriteFailed:
+        assert self.failed is not None
+        return EarlierWriteFailed(f"{what} of {self.key!r}: an earlier write failed "
+                                  f"({self.failed}); nothing was saved", self.failed.errno)
+
 
 class WriteBack:
     def __init__(self, meta: MetaStore, cache: ChunkCache, backend: AsyncBackend,
                  metrics: Metrics, *, bucket: str, cache_dir: str, chunk_size: int,
                  writeback: bool, dirty_wait_s: float, read_base: ReadBase,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, retry_min_s: float = RETRY_MIN_S,
+                 retry_max_s: float = RETRY_MAX_S, part_retry_s: float = PART_RETRY_S) -> None:
         self.meta = meta
         self.cache = cache
         self.backend = backend
@@ -99,12 +145,24 @@ class WriteBack:
         self.writeback = writeback
         self.dirty_wait_s = dirty_wait_s
         self.read_base = read_base
+        self.retry_min_s = retry_min_s
+        self.retry_max_s = retry_max_s
+        self.part_retry_s = part_retry_s
         self._clock = clock
         self.dir = os.path.join(cache_dir, "dirty")
         os.makedirs(self.dir, exist_ok=True)
         self.files: dict[int, DirtyFile] = {}
         self._queue_send, self._queue_recv = trio.open_memory_channel[int](math.inf)
+        self._retry_at: dict[int, float] = {}  # ino -> trio time of its next upload attempt
         self._parts = trio.CapacityLimiter(4)  # parts in memory at once, per daemon
+        # multipart uploads (ids and pending markers) this daemon runs -> key
+        self._owned: dict[str, str] = {}
+        # pending markers of this daemon no longer owned -> latest wall time an upload
+        # created under them can have been initiated (before the store's answer was lost)
+        self._marker_until: dict[str, float] = {}
+        self._started = time.time()  # markers of an earlier daemon ended before this
+        # (wall time, not `clock`: it is compared with the store's Initiated times)
+        self._sweeping = False
 
     # ---- lifecycle of a dirty file ----------------------------------------------------
 
@@ -136,12 +194,17 @@ class WriteBack:
         end = offset + len(data)
         cs = self.chunk_size
         async with d.lock:
-            for index in range(offset // cs, (end - 1) // cs + 1):
-                if index not in d.materialized:
-                    await self._materialize(d, index, offset, end)
-            os.pwrite(d.fd, data, offset)
+            try:
+                for index in range(offset // cs, (end - 1) // cs + 1):
+                    if index not in d.materialized:
+                        await self._materialize(d, index, offset, end)
+                _staging_io(os.pwrite, d.fd, data, offset)
+            except TierfsError as exc:
+                d.failed = exc
+                raise
             d.size = max(d.size, end)
             d.generation += 1
+            d.failed = None  # the application wrote again after the failure: its call
         return len(data)
 
     async def _materialize(self, d: DirtyFile, index: int, wstart: int, wend: int) -> None:
@@ -152,25 +215,34 @@ class WriteBack:
             raise NoSpace(f"cache budget full of unsaved writes ({self.cache.dirty_bytes} bytes)")
         start = index * cs
         base_end = min(start + cs, d.base_valid)
-        # bytes of the base in this chunk that the write does not cover must be kept
-        if d.base is not None and base_end > start and not (wstart <= start and wend >= base_end):
-            data = await self.read_base(d.base, index)
-            os.pwrite(d.fd, data[:base_end - start], start)
+        try:
+            # bytes of the base in this chunk that the write does not cover must be kept
+            if d.base is not None and base_end > start and not (wstart <= start and wend >= base_end):
+                data = await self.read_base(d.base, index)
+                _staging_io(os.pwrite, d.fd, data[:base_end - start], start)
+        except BaseException:
+            self.cache.release_dirty(cs)  # the chunk never became dirty
+            raise
         d.materialized.add(index)
 
     async def truncate(self, d: DirtyFile, size: int) -> None:
         cs = self.chunk_size
         async with d.lock:
+            try:
+                # past the new size the staging file reads zeros, and base_valid keeps the
+                # base from showing through: a later extension reads zeros, as POSIX wants
+                _staging_io(os.ftruncate, d.fd, size)
+            except TierfsError as exc:
+                d.failed = exc
+                raise
             if size < d.size:
                 d.base_valid = min(d.base_valid, size)
                 gone = {i for i in d.materialized if i * cs >= size}
                 d.materialized -= gone
                 self.cache.release_dirty(len(gone) * cs)
-            # past the new size the staging file reads zeros, and base_valid keeps the base
-            # from showing through: a later extension reads zeros, as POSIX wants
-            os.ftruncate(d.fd, size)
             d.size = size
             d.generation += 1
+            d.failed = None
 
     async def read(self, d: DirtyFile, offset: int, size: int) -> bytes:
         end = min(offset + size, d.size)
@@ -181,7 +253,7 @@ class WriteBack:
             if lo >= hi:
                 break
             if index in d.materialized:
-                piece = os.pread(d.fd, hi - lo, lo)
+                piece = _staging_io(os.pread, d.fd, hi - lo, lo)
                 out.append(piece + bytes(hi - lo - len(piece)))  # a hole past EOF reads zeros
                 continue
             based = max(lo, min(hi, d.base_valid))  # [lo, based) comes from the base
@@ -199,7 +271,11 @@ class WriteBack:
 
     async def flush(self, d: DirtyFile) -> None:
         """close(): durable in S3 (default) or durable in the local journal (write-back)."""
-        if d.unlinked or d.clean:
+        if d.unlinked:
+            return
+        if d.failed is not None:
+            raise d.sticky_error("close")
+        if d.clean:
             return
         if self.writeback:
             async with d.lock:
@@ -210,31 +286,66 @@ class WriteBack:
     async def commit(self, d: DirtyFile) -> None:
         """Upload now and return once the object store has this generation (fsync)."""
         async with d.lock:
-            if d.unlinked or d.clean:
+            if d.unlinked:
+                return
+            if d.failed is not None:
+                raise d.sticky_error("fsync")
+            if d.clean:
                 return
             try:
                 await self._upload(d)
-            except TierfsError as exc:
+            except BaseException as exc:
+                if is_cancellation(exc):  # unmount: a journaled file is tried next mount
+                    raise
                 self.metrics.uploads.labels("failure").inc()
-                log.error("upload of %r failed: %s; kept for retry", d.key, exc)
                 with trio.CancelScope(shield=True):
-                    await self._journal(d)
-                self._queue_send.send_nowait(d.ino)
+                    try:
+                        await self._journal(d)
+                    except Exception as jexc:  # noqa: BLE001 - the retry must still happen
+                        log.error("could not journal %r (%s): it is retried while this "
+                                  "daemon runs, but a crash would lose it", d.key, jexc)
+                delay = self._retry_later(d)
+                if isinstance(exc, TierfsError):
+                    log.error("upload of %r failed: %s; trying again in %.0fs (failed %d "
+                              "times in a row)", d.key, exc, delay, d.failures)
+                else:  # a bug: still never lose the file
+                    self.metrics.internal_errors.labels("upload").inc()
+                    log.error("upload of %r failed unexpectedly; trying again in %.0fs",
+                              d.key, delay, exc_info=exc)
                 raise
+            d.failures = 0
+            self._retry_at.pop(d.ino, None)
             self._after_upload(d)
+        if self._unowned_records():
+            self._queue_send.send_nowait(_SWEEP)  # e.g. the upload of a failed attempt
 
-    async def release(self, d: DirtyFile) -> None:
-        """The last close of a writer: schedule the upload (write-back) or forget the file."""
+    async def release(self, d: DirtyFile) -> bool:
+        """The last close of a writer: schedule the upload (write-back) or forget the file.
+        True when the file's unsaved changes were dropped (its last write failed)."""
         d.writers -= 1
         if d.writers > 0:
-            return
+            return False
         async with d.lock:  # an upload in progress still reads the staging file
             if d.writers > 0:
-                return
+                return False
+            if d.failed is not None and not d.unlinked:
+                if not d.journaled:
+                    log.warning("%r: an earlier write failed (%s) and no write succeeded "
+                                "after it; its unsaved changes are dropped, the object store "
+                                "keeps its previous version", d.key, d.failed)
+                    self._forget(d)
+                    return True
+                # acknowledged bytes (an earlier close) live only in this staging file
+                log.warning("%r: an earlier write failed (%s), but the file also holds "
+                            "acknowledged changes not uploaded yet: uploading it as it "
+                            "stands", d.key, d.failed)
+                d.failed = None
+                await self._journal(d)  # the record must describe what will be uploaded
             if d.unlinked or d.clean:
                 self._forget(d)
             elif d.journaled:
                 self._queue_send.send_nowait(d.ino)
+        return False
 
     async def _journal(self, d: DirtyFile) -> None:
         await trio.to_thread.run_sync(os.fsync, d.fd)
@@ -252,6 +363,7 @@ class WriteBack:
         if self.files.get(d.ino) is not d:
             return
         del self.files[d.ino]
+        self._retry_at.pop(d.ino, None)
         self.cache.release_dirty(len(d.materialized) * self.chunk_size)
         os.close(d.fd)
         os.unlink(d.staging)
@@ -270,12 +382,18 @@ class WriteBack:
             self.meta.delete_dirty(d.ino)
             d.journaled = False
 
+    # ---- uploading ----------------------------------------------------------------------
+
     async def _upload(self, d: DirtyFile) -> None:
         t0 = time.perf_counter()
         gen, size = d.generation, d.size
         if size <= self.part_size:
             data = await self.read(d, 0, size)
-            etag = (await self.backend.put(d.key, data, d.metadata)).etag
+            cs = self.chunk_size
+            crcs = await trio.to_thread.run_sync(
+                lambda: [crc32c(data[i:i + cs]) for i in range(0, size, cs)])
+            metadata = self._with_crcs(d, crcs)
+            etag = (await self.backend.put(d.key, data, metadata)).etag
         else:
             etag = await self._multipart(d, size)
         new = ObjectVersion(self.bucket, d.key, etag, size)
@@ -286,61 +404,217 @@ class WriteBack:
         self.metrics.upload_seconds.observe(time.perf_counter() - t0)
         log.info("uploaded %r (%d bytes)", d.key, size)
 
-    async def _multipart(self, d: DirtyFile, size: int) -> str:
-        if d.upload_id is not None:  # left over from a failed attempt or a crash
-            await self._abort(d.key, d.upload_id)
-        # recorded before it exists: a crash before the id is known still leaves the key,
-        # and recovery aborts that key's uploads (LMDB commits fsync: off the trio thread)
-        pending = _PENDING + uuid.uuid4().hex
-        await trio.to_thread.run_sync(self.meta.put_upload, pending, d.key)
-        d.upload_id = await self.backend.mpu_create(d.key, d.metadata)
-        await trio.to_thread.run_sync(self.meta.put_upload, d.upload_id, d.key)
-        await trio.to_thread.run_sync(self.meta.delete_upload, pending)
+    def _with_crcs(self, d: DirtyFile, crcs: list[int] | None) -> dict[str, str]:
+        if crcs is None:
+            return dict(d.metadata)
+        return {**d.metadata, **chunk_crcs_metadata(self.chunk_size, crcs)}
+
+    def _copied(self, d: DirtyFile, start: int, length: int) -> bool:
+        """Whether the part at [start, start+length) is copied server-side from the base."""
+        cs = self.chunk_size
+        touched = any(i in d.materialized for i in range(start // cs, (start + length - 1) // cs + 1))
+        return d.base is not None and not touched and start + length <= d.base_valid
+
+    async def _chunk_crcs(self, d: DirtyFile, size: int) -> list[int] | None:
+        """CRC32C of each chunk of the file as it will be uploaded, or None if some part is
+        copied server-side (its bytes are not here; downloading them only to checksum
+        them would cost what the copy saves)."""
         ps, cs = self.part_size, self.chunk_size
+        if any(self._copied(d, s, min(ps, size - s)) for s in range(0, size, ps)):
+            return None
+        if not chunk_crcs_metadata(cs, [0] * -(-size // cs)):
+            return None  # too many chunks for S3's 2 KB of metadata: not worth reading
+        crcs = []
+        for start in range(0, size, cs):
+            length = min(cs, size - start)
+            if start // cs in d.materialized or d.base is None or start >= d.base_valid:
+                crcs.append(await trio.to_thread.run_sync(_staging_crc, d.fd, start, length))
+            else:  # base bytes (cached: the part upload reads them next)
+                crcs.append(crc32c(await self.read(d, start, length)))
+        return crcs
+
+    async def _multipart(self, d: DirtyFile, size: int) -> str:
+        metadata = self._with_crcs(d, await self._chunk_crcs(d, size))
+        restarts = 0
+        while True:
+            try:
+                return await self._multipart_once(d, size, metadata)
+            except NotFound as exc:
+                # NoSuchUpload: aborted by someone else, expired, or a Complete whose answer
+                # was lost and retried. Starting again is always right; bounded, because
+                # NotFound can also mean the base object of a copied part is gone
+                if restarts >= RESTARTS:
+                    raise
+                restarts += 1
+                log.warning("multipart upload of %r vanished (%s): starting it again",
+                            d.key, exc)
+
+    async def _multipart_once(self, d: DirtyFile, size: int, metadata: dict[str, str]) -> str:
+        if d.upload_id is not None:  # an earlier attempt's: parts cost storage until aborted
+            old, d.upload_id = d.upload_id, None
+            self._owned.pop(old, None)
+            try:
+                await self.backend.mpu_abort(d.key, old)
+                await trio.to_thread.run_sync(self.meta.delete_upload, old)
+            except TierfsError as exc:  # recorded, owned by nobody: orphan cleanup's now
+                log.info("could not abort the earlier upload of %r yet: %s", d.key, exc)
+        marker = f"{_PENDING}{int(time.time() * 1000)}-{uuid.uuid4().hex[:12]}"
+        self._owned[marker] = d.key
+        answered = False
+        try:
+            # recorded before it exists: if the answer is lost (or we crash), the marker
+            # leads orphan cleanup to this key's uploads initiated while it was live.
+            # LMDB commits fsync: off the trio thread
+            await trio.to_thread.run_sync(self.meta.put_upload, marker, d.key)
+            try:
+                upload_id = await self.backend.mpu_create(d.key, metadata)
+            except _FINAL:
+                answered = True  # the store said no: it created nothing
+                raise
+            self._owned[upload_id] = d.key
+            d.upload_id = upload_id
+            await trio.to_thread.run_sync(self.meta.put_upload, upload_id, d.key)
+        finally:
+            del self._owned[marker]
+            if answered:
+                await trio.to_thread.run_sync(self.meta.delete_upload, marker)
+            else:
+                # stays recorded even on success: botocore may have retried a create whose
+                # first answer was lost, leaving an upload we do not know; cleanup finds it
+                self._marker_until[marker] = time.time()
+        ps = self.part_size
         count = -(-size // ps)
         etags: list[str] = [""] * count
 
         async def part(n: int) -> None:
             start = n * ps
             length = min(ps, size - start)
-            touched = any(i in d.materialized for i in range(start // cs, (start + length - 1) // cs + 1))
             async with self._parts:
-                if d.base is not None and not touched and start + length <= d.base_valid:
-                    etags[n] = await self.backend.upload_part_copy(
-                        d.key, d.upload_id, n + 1, d.base.key, d.base.etag, start, length)
+                if self._copied(d, start, length):
+                    assert d.base is not None
+                    etags[n] = await self._retrying(
+                        f"copy of part {n + 1} of {d.key!r}", self.backend.upload_part_copy,
+                        d.key, upload_id, n + 1, d.base.key, d.base.etag, start, length)
                 else:
                     data = await self.read(d, start, length)
-                    etags[n] = await self.backend.upload_part(d.key, d.upload_id, n + 1, data)
+                    etags[n] = await self._retrying(
+                        f"part {n + 1} of {d.key!r}", self.backend.upload_part, d.key,
+                        upload_id, n + 1, data)
 
-        async with trio.open_nursery() as nursery:
-            for n in range(count):
-                nursery.start_soon(part, n)
-        etag = await self.backend.mpu_complete(d.key, d.upload_id,
-                                               [(n + 1, e) for n, e in enumerate(etags)])
-        await trio.to_thread.run_sync(self.meta.delete_upload, d.upload_id)
+        try:
+            async with trio.open_nursery() as nursery:
+                for n in range(count):
+                    nursery.start_soon(part, n)
+        except BaseExceptionGroup as group:
+            raise _as_tierfs_error(group) from None
+        etag = await self._retrying(f"completion of {d.key!r}", self.backend.mpu_complete,
+                                    d.key, upload_id, [(n + 1, e) for n, e in enumerate(etags)])
         d.upload_id = None
+        self._owned.pop(upload_id, None)
+        await trio.to_thread.run_sync(self.meta.delete_upload, upload_id)
         return etag
 
-    async def _abort(self, key: str, upload_id: str) -> None:
-        await self.backend.mpu_abort(key, upload_id)
-        await trio.to_thread.run_sync(self.meta.delete_upload, upload_id)
+    async def _retrying(self, what: str, fn: Callable[..., Awaitable[T]], *args) -> T:
+        """fn(*args), tried PART_ATTEMPTS times with backoff while the failure is one a
+        retry can fix (botocore has already retried each request)."""
+        delay = self.part_retry_s
+        for attempt in range(1, PART_ATTEMPTS + 1):
+            try:
+                return await fn(*args)
+            except TierfsError as exc:
+                if isinstance(exc, _FINAL) or attempt == PART_ATTEMPTS:
+                    raise
+                log.warning("%s failed (%s): trying again in %.1fs", what, exc, delay)
+            await trio.sleep(delay)
+            delay *= 2
+        raise AssertionError("unreachable")
+
+    # ---- orphaned multipart uploads -------------------------------------------------------
+
+    def _unowned_records(self) -> bool:
+        return any(rid not in self._owned for rid, _ in self.meta.uploads())
 
     async def abort_orphaned_uploads(self) -> None:
-        """Multipart uploads a crash left behind with no journaled file to finish them."""
-        owned = {d.upload_id for d in self.files.values()}
-        for upload_id, key in self.meta.uploads():
-            if upload_id not in owned:
+        """Abort the recorded multipart uploads no live file owns (an earlier daemon's, a
+        failed attempt's, a create whose answer was lost), retrying with backoff while the
+        store does not answer. Records skipped because an upload of their key is being
+        created right now are left to the sweep after the next upload."""
+        delay = self.retry_min_s
+        while not await self._sweep():
+            log.info("orphaned multipart uploads remain; trying again in %.0fs", delay)
+            await trio.sleep(delay)
+            delay = min(delay * 2, self.retry_max_s)
+
+    async def _sweep(self) -> bool:
+        """One pass of orphan cleanup; False if the store failed some of it."""
+        if self._sweeping:
+            return True
+        self._sweeping = True
+        try:
+            ok = True
+            markers: dict[str, list[str]] = {}
+            for rid, key in self.meta.uploads():
+                if rid.startswith(_PENDING):
+                    markers.setdefault(key, []).append(rid)
+                    continue
                 try:
-                    if upload_id.startswith(_PENDING):  # the id never reached us
-                        for found in await self.backend.mpu_list(key):
-                            if found not in owned:
-                                await self.backend.mpu_abort(key, found)
-                        await trio.to_thread.run_sync(self.meta.delete_upload, upload_id)
-                        continue
-                    await self._abort(key, upload_id)
-                    log.info("aborted the unfinished upload of %r left by a crash", key)
+                    await self._abort_orphan(rid, key)
                 except TierfsError as exc:
-                    log.warning("could not abort the unfinished upload of %r: %s", key, exc)
+                    ok = False
+                    log.warning("could not abort an unfinished upload of %r: %s", key, exc)
+            for key, rids in markers.items():
+                try:
+                    await self._abort_lost(key, rids)
+                except TierfsError as exc:
+                    ok = False
+                    log.warning("could not look for lost uploads of %r: %s", key, exc)
+            return ok
+        finally:
+            self._sweeping = False
+
+    async def _abort_orphan(self, rid: str, key: str) -> None:
+        """A recorded upload id that no live file owns (an earlier daemon's, or an attempt
+        whose abort failed)."""
+        if rid in self._owned:
+            return
+        await self.backend.mpu_abort(key, rid)  # NoSuchUpload counts as done
+        await trio.to_thread.run_sync(self.meta.delete_upload, rid)
+        log.info("aborted an unfinished upload of %r (id %s) that no file owns", key, rid)
+
+    async def _abort_lost(self, key: str, markers: list[str]) -> None:
+        """Uploads of `key` created under these pending markers whose ids we never learned:
+        the key's uploads initiated while one of the markers was live, not owned here."""
+        markers = [m for m in markers if m not in self._owned]
+        if not markers or key in self._owned.values():
+            # an upload of this key is being created or runs here: one listed now could be
+            # ours before its answer arrives. The sweep after that upload takes these.
+            return
+        windows = [self._marker_window(m) for m in markers]
+        for u in await self.backend.mpu_list(key):
+            if key in self._owned.values():
+                return  # an upload of the key started while we listed: as above
+            if u.upload_id in self._owned:
+                continue
+            if not any(lo <= u.initiated <= hi for lo, hi in windows):
+                continue  # another writer's: initiated while no marker of ours was live
+            await self.backend.mpu_abort(key, u.upload_id)
+            log.info("aborted an upload of %r (id %s) whose creation was never answered",
+                     key, u.upload_id)
+        for m in markers:
+            await trio.to_thread.run_sync(self.meta.delete_upload, m)
+            self._marker_until.pop(m, None)
+
+    def _marker_window(self, marker: str) -> tuple[float, float]:
+        """Wall times between which an upload created under this marker was initiated,
+        widened by the clock skew allowed between this node and the store."""
+        try:
+            made = int(marker[len(_PENDING):].split("-", 1)[0]) / 1000
+        except ValueError:  # a marker of an older tierfs: no time in it
+            made = -math.inf
+        until = self._marker_until.get(marker, self._started)
+        return made - CLOCK_SKEW_S, until + CLOCK_SKEW_S
+
+    # ---- caching what was uploaded ------------------------------------------------------
 
     async def _keep_in_cache(self, d: DirtyFile, new: ObjectVersion) -> None:
         """The uploaded bytes stay cached under the new ETag: restore on this node is free."""
@@ -367,21 +641,49 @@ class WriteBack:
 
     # ---- background uploads and recovery -----------------------------------------------
 
+    def _retry_later(self, d: DirtyFile) -> float:
+        """This file's next attempt after its own backoff; the others are not held up."""
+        d.failures += 1
+        delay = min(self.retry_max_s, self.retry_min_s * 2 ** min(d.failures - 1, 30))
+        self._retry_at[d.ino] = trio.current_time() + delay
+        self._queue_send.send_nowait(_WAKE)  # an idle worker re-reads the schedule
+        return delay
+
+    async def _next(self) -> int:
+        """The next file to upload: one whose retry is due, else the next queued item."""
+        while True:
+            now = trio.current_time()
+            due = min(self._retry_at.items(), key=lambda kv: kv[1], default=None)
+            if due is not None and due[1] <= now:
+                del self._retry_at[due[0]]
+                if self._retry_at:
+                    self._queue_send.send_nowait(_WAKE)  # another worker times the next one
+                return due[0]
+            with trio.move_on_after(math.inf if due is None else due[1] - now):
+                item = await self._queue_recv.receive()
+                if item != _WAKE:
+                    return item
+
     async def run_uploader(self) -> None:
-        """Upload journaled files whose writers are gone; retry failures with backoff."""
-        backoff: dict[int, float] = {}
-        async for ino in self._queue_recv:
+        """One upload worker (the daemon runs several): uploads journaled files whose
+        writers are gone. It never dies of a failed upload and never drops a file: the
+        file goes back to the schedule with its own backoff."""
+        while True:
+            ino = await self._next()
+            if ino == _SWEEP:
+                try:
+                    await self._sweep()
+                except Exception as exc:  # noqa: BLE001 - keep the worker
+                    self.metrics.internal_errors.labels("orphan-cleanup").inc()
+                    log.error("orphan cleanup failed unexpectedly", exc_info=exc)
+                continue
             d = self.files.get(ino)
             if d is None or d.writers > 0 or d.unlinked or d.clean:
                 continue
             try:
                 await self.commit(d)
-                backoff.pop(ino, None)
-            except TierfsError:
-                delay = backoff[ino] = min(RETRY_MAX_S, backoff.get(ino, 0.5) * 2)
-                log.warning("retrying upload of %r in %.0fs", d.key, delay)
-                # commit() re-queued it; wait before taking the next item
-                await trio.sleep(delay)
+            except Exception:  # noqa: BLE001 - commit logged it and scheduled the retry
+                pass
 
     def recover(self) -> int:
         """At start: requeue journaled files, delete staging files of unacknowledged ones."""
@@ -396,9 +698,10 @@ class WriteBack:
                 self.meta.delete_dirty(ino)
                 continue
             base = ObjectVersion(*rec["base"]) if rec["base"] else None
+            # a recorded upload id belongs to the dead daemon: orphan cleanup aborts it,
+            # this file starts a new upload
             d = DirtyFile(ino, rec["key"], base, rec["base_valid"], rec["size"], path, fd,
-                          rec["metadata"], set(rec["materialized"]), journaled=True,
-                          upload_id=rec.get("upload_id"))
+                          rec["metadata"], set(rec["materialized"]), journaled=True)
             self.files[ino] = d
             self.cache.force_dirty(len(d.materialized) * self.chunk_size)
             keep.add(os.path.basename(path))
@@ -412,10 +715,43 @@ class WriteBack:
     async def drain(self, timeout_s: float) -> bool:
         """At shutdown: give pending uploads up to timeout_s; True if nothing is left."""
         with trio.move_on_after(timeout_s):
-            for d in list(self.files.values()):
-                if not d.clean and not d.unlinked and d.writers == 0:
+            limit = trio.CapacityLimiter(4)
+
+            async def one(d: DirtyFile) -> None:
+                async with limit:
                     try:
                         await self.commit(d)
-                    except TierfsError:
+                    except Exception:  # noqa: BLE001 - logged by commit; stays journaled
                         pass
+
+            async with trio.open_nursery() as nursery:
+                for d in list(self.files.values()):
+                    if not d.clean and not d.unlinked and d.writers == 0 and d.failed is None:
+                        nursery.start_soon(one, d)
         return all(d.clean or d.unlinked for d in self.files.values())
+
+
+def _as_tierfs_error(group: BaseExceptionGroup) -> BaseException:
+    """The failure of a group of part uploads as the one TierfsError the caller handles
+    (NotFound first: the upload is gone, which the caller answers by starting again), or
+    the group itself if it holds anything else (a bug, reported with its traceback)."""
+    errors = [e for e in leaves(group) if not isinstance(e, trio.Cancelled)]
+    if errors and all(isinstance(e, TierfsError) for e in errors):
+        return next((e for e in errors if isinstance(e, NotFound)), errors[0])
+    return group
+
+
+def _staging_crc(fd: int, start: int, length: int) -> int:
+    data = os.pread(fd, length, start)
+    return crc32c(data + bytes(length - len(data)))  # a hole past the staging file's end
+
+
+def _staging_io(fn: Callable[..., T], *args) -> T:
+    """A pread/pwrite/ftruncate of a staging file, its OSError as the TierfsError the
+    application gets (the staging file lives on the cache disk)."""
+    try:
+        return fn(*args)
+    except OSError as exc:
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise NoSpace(f"cache disk full: {exc.strerror}") from None
+        raise CacheUnwritable(f"cache disk error on a staging file: {exc.strerror}") from None

@@ -24,6 +24,14 @@ class ObjectMeta:
 
 
 @dataclass(frozen=True)
+class MultipartUpload:
+    """An unfinished multipart upload, as ListMultipartUploads shows it."""
+
+    upload_id: str
+    initiated: float  # seconds since the epoch, by the object store's clock
+
+
+@dataclass(frozen=True)
 class ListPage:
     objects: list[ObjectMeta]
     prefixes: list[str]  # common prefixes, each ending with the delimiter
@@ -94,5 +102,5 @@ class Backend(Protocol):
 
     def mpu_abort(self, key: str, upload_id: str) -> None: ...
 
-    def mpu_list(self, key: str) -> list[str]:
-        """Ids of the unfinished multipart uploads of exactly this key."""
+    def mpu_list(self, key: str) -> list[MultipartUpload]:
+        """The unfinished multipart uploads of exactly this key."""

@@ -19,7 +19,7 @@ import time
 import uuid
 
 from ..errors import BackendError, NoSuchBucket, NotFound, PreconditionFailed, TierfsError
-from .base import BackendEvents, ListPage, ObjectMeta
+from .base import BackendEvents, ListPage, MultipartUpload, ObjectMeta
 
 
 _PRIVATE = ".tierfs-"  # names the backend keeps for itself; never listed
@@ -225,8 +225,11 @@ class FileBackend:
     @_mapped
     def mpu_complete(self, key: str, upload_id: str, parts: list[tuple[int, str]]) -> str:
         d = os.path.join(self._staging(), "mpu-" + upload_id)
-        with open(os.path.join(d, "meta")) as f:
-            metadata = json.load(f)["metadata"]
+        try:
+            with open(os.path.join(d, "meta")) as f:
+                metadata = json.load(f)["metadata"]
+        except FileNotFoundError:
+            raise NotFound(f"upload {upload_id} does not exist") from None
         fd, tmp = tempfile.mkstemp(dir=self._staging(), prefix="put-")
         with os.fdopen(fd, "wb") as out:
             for n, _ in parts:
@@ -239,14 +242,16 @@ class FileBackend:
         return etag
 
     @_mapped
-    def mpu_list(self, key: str) -> list[str]:
+    def mpu_list(self, key: str) -> list[MultipartUpload]:
         out = []
         for name in os.listdir(self._staging()):
             if name.startswith("mpu-"):
                 try:
-                    with open(os.path.join(self._staging(), name, "meta")) as f:
+                    meta = os.path.join(self._staging(), name, "meta")
+                    with open(meta) as f:
                         if json.load(f)["key"] == key:
-                            out.append(name[len("mpu-"):])
+                            out.append(MultipartUpload(name[len("mpu-"):],
+                                                       os.stat(meta).st_mtime))
                 except (OSError, ValueError):
                     continue
         return out

@@ -37,7 +37,7 @@ import trio
 from ..errors import BackendError, TierfsError
 from ..health import BackendHealth
 from ..metrics import Metrics
-from .base import Backend, BackendEvents, ListPage, ObjectMeta
+from .base import Backend, BackendEvents, ListPage, MultipartUpload, ObjectMeta
 
 log = logging.getLogger(__name__)
 
@@ -246,7 +246,7 @@ class AsyncBackend:
         fn = functools.partial(self.sync.mpu_complete, key, upload_id, parts)
         return await self._call("mpu_complete", fn, False, key=key)
 
-    async def mpu_list(self, key: str) -> list[str]:
+    async def mpu_list(self, key: str) -> list[MultipartUpload]:
         return await self._call("mpu_list", functools.partial(self.sync.mpu_list, key), False,
                                 key=key)
 

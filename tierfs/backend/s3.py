@@ -31,7 +31,7 @@ from botocore.config import Config
 from .. import integrity
 from ..errors import (AccessDenied, BackendError, BackendUnavailable, IntegrityError,
                       NoSuchBucket, NotFound, PreconditionFailed, TierfsError)
-from .base import BackendEvents, ListPage, ObjectMeta
+from .base import BackendEvents, ListPage, MultipartUpload, ObjectMeta
 from .budget import INTEGRITY_RETRIES, connect_timeout, get_budget
 
 log = logging.getLogger(__name__)
@@ -399,12 +399,13 @@ class S3Backend:
         # computes it otherwise, cached chunks simply miss, never serve wrong bytes.
         return _etag(r.get("ETag") or "") or multipart_etag([e for _, e in parts])
 
-    def mpu_list(self, key: str) -> list[str]:
+    def mpu_list(self, key: str) -> list[MultipartUpload]:
         try:
             r = self._s3.list_multipart_uploads(Bucket=self.bucket, Prefix=key)
         except Exception as exc:  # noqa: BLE001
             raise self._error(exc, f"list uploads of {key!r}") from None
-        return [u["UploadId"] for u in r.get("Uploads", ()) if u["Key"] == key]
+        return [MultipartUpload(u["UploadId"], u["Initiated"].timestamp())
+                for u in r.get("Uploads", ()) if u["Key"] == key]
 
     def mpu_abort(self, key: str, upload_id: str) -> None:
         try:
