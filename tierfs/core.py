@@ -4,10 +4,12 @@ The daemon and the in-process test harness (tests/unit/unitkit.py) build the cor
 and only here, so what the tests drive is what the daemon runs: the chunk cache over its
 recovered cache dir, the fetcher and read-ahead, write-back with its journal recovered,
 the namespace, file I/O and warm, and the background services (index flusher, uploaders,
-orphaned-upload cleanup, pin expiry) under the `Tasks` supervisor.
+orphaned-upload cleanup, pin expiry, the stall watch, the store's health probe) under the
+`Tasks` supervisor: a service that fails is logged, counted and started again.
 
 What stays in daemon.py is what needs a kernel or a process: mount point checks, the
-cache-dir lock, the control socket, pyfuse3, signals and the drain at unmount.
+cache-dir lock, the bucket check, the control socket, pyfuse3, signals and the drain at
+unmount.
 
 Lifetime (`async with build_core(...) as core`):
 - one-shot background work (chunk fills, read-ahead, background listings) runs in the
