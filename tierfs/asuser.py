@@ -32,7 +32,7 @@ from typing import Any, Callable
 
 from .errors import TierfsError
 
-MANIFEST_MAX_BYTES = 1 << 20  # a manifest is a list of paths; more is a mistake (or /dev/zero)
+MANIFEST_MAX_BYTES = 1 << 20  # as config.MANIFEST_MAX_BYTES (tierfs warm --manifest)
 MAX_MANIFESTS = 16  # per job
 MAX_ITEMS = 100_000  # paths handed to the warm (a folder readable as a whole counts once)
 MAX_REPLY = 64 << 20  # bytes of the child's answer
@@ -341,12 +341,15 @@ class _Resolver:
                 raise _Problem(f"matches nothing for {who}: {path}")
         else:
             matches = [real_root]
+        walked: set[str] = set()  # `**` names every folder below one already walked: once
         for match in matches:
             try:
                 real = os.path.realpath(match, strict=True)
                 st = os.lstat(real)
             except OSError as exc:
                 self.problems.append(f"{_kind(exc)} for {who}: {match}")
+                continue
+            if real in walked or _below(real, walked):
                 continue
             try:
                 self._mount_of(real, match)
@@ -358,6 +361,7 @@ class _Resolver:
                     self.problems.append(f"unreadable for {who}: {match}")
                     continue
                 whole, below, left_out = self._walk(real, st.st_dev, 0)
+                walked.add(real)
                 if whole:
                     self.items[real] = None
                 else:
@@ -456,17 +460,19 @@ class _Resolver:
         return False, items, (skipped, first)
 
 
+def _below(path: str, folders: set[str]) -> bool:
+    """Whether path lies below one of the folders (all real paths)."""
+    while folders and path != "/":
+        path = os.path.dirname(path)
+        if path in folders:
+            return True
+    return False
+
+
 def _outermost(items: dict[str, None]) -> list[str]:
     """The items without those below another item (a folder taken whole covers them)."""
-    out = []
-    for item in items:
-        parent, covered = item, False
-        while not covered and parent != "/":
-            parent = os.path.dirname(parent)
-            covered = parent in items
-        if not covered:
-            out.append(item)
-    return out
+    folders = set(items)
+    return [item for item in items if not _below(item, folders)]
 
 
 class _Problem(Exception):

@@ -90,7 +90,9 @@ def test_a_hung_file_system_is_cut_at_the_one_deadline(slurm, rgw, bucket, mount
     assert r.stderr.splitlines()[0].startswith(
         "tierfs-slurm prolog job=999998 user=nobody warm FAILED (best-effort: the job starts): "
         "timed out while checking the paths as nobody: nothing warmed in ")
-    assert elapsed < 3 + 10  # generous
+    assert took(r.stderr.splitlines()[0]) < 3 + 5  # the hook's own clock: its deadline is 3 s
+    assert elapsed < 3 + 40  # generous (two Python starts under load); a check per manifest
+    # with a timeout of its own, as before, took 30 s more for each
     assert (mount.path / "m.warm").read_text() == f"{mount.mountpoint}/data/a.bin\n"  # alive
 
 
@@ -119,8 +121,6 @@ def test_symlinks_dotdot_and_globs_warm_only_what_the_user_reads(slurm, mount, d
         f"tierfs-slurm prolog job={job_id} user=nobody warm FAILED (best-effort: the job "
         f"starts): missing for nobody: {escape}; "
         f"1 entry below {mnt} that nobody cannot read left out (first: {mnt}/data/sub); "
-        f"1 entry below {mnt}/data that nobody cannot read left out (first: {mnt}/data/sub); "
-        f"unreadable for nobody: {mnt}/data/sub; "
         f"unreadable for nobody: {mnt}/data/sub/b.bin "
         f"mounts=1 files=2 bytes={warmed} bytes_cached_before=0 bytes_fetched={warmed} "
         "error_count=0 in "), line
