@@ -104,7 +104,10 @@ def exchange(path: str, raw: bytes, close_write: bool = False) -> list[dict] | N
     lines = data.rstrip(b"\n").split(b"\n")
     replies = [protocol.parse_reply(line) for line in lines]
     assert all(isinstance(r, protocol.Event) for r in replies[:-1])
-    assert isinstance(replies[-1], protocol.Final), lines[-1]
+    if not isinstance(replies[-1], protocol.Final):
+        # closing our end cancels the request (docs/control.md): progress, then nothing
+        assert close_write, lines[-1]
+        return [json.loads(line) for line in lines]
     if not replies[-1].ok:
         error = replies[-1].error or ""
         assert error and "\n" not in error and "Traceback" not in error
