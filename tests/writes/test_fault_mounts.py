@@ -1,48 +1,17 @@
 """Write faults through a real mount on the real RGW (the in-process cases are in
-test_upload_faults.py):
+test_upload_faults.py; tests/faults/test_faults_writeback.py drives D2, D3 and N1 through
+the fault proxy):
 
-  N1  a write() that fails with ENOSPC makes close() fail too, and the existing object in
-      the bucket is left as it was (default and --writeback)
-  D3  --writeback, uploads refused, unmount, uploads allowed again, mount: the recovered
-      files are uploaded (orphan cleanup does not abort them under recovery), the daemon
-      stays up and no multipart upload is left
+  D3  --writeback, uploads refused (AccessDenied, so no upload exists and no record is
+      left behind), unmount, uploads allowed again, mount: the recovered files are
+      uploaded without any upload restarted under them (orphan cleanup does not abort
+      them), the daemon stays up and no multipart upload is left
 """
 
 from __future__ import annotations
 
-import errno
-import os
-
-import pytest
 import wkit
 from wkit import MiB
-
-TIGHT = ("--cache-size", "16M", "--dirty-wait", "1s")
-
-
-@pytest.mark.parametrize("mode", ["default", "writeback"])
-def test_enospc_in_write_fails_close_and_keeps_the_object(mounts, s3, bucket, mode):
-    old = wkit.payload("old", 2 * MiB)
-    s3.put_object(Bucket=bucket, Key="ckpt.bin", Body=old)
-    m = mounts.start(*wkit.MODES[mode], *TIGHT)
-    fd = os.open(m.path / "ckpt.bin", os.O_WRONLY | os.O_TRUNC)
-    error = None
-    try:
-        for i in range(40):
-            os.write(fd, wkit.payload(f"new{i}", MiB))
-    except OSError as e:
-        error = e
-    finally:
-        with pytest.raises(OSError) as closed:
-            os.close(fd)
-    assert error is not None and error.errno == errno.ENOSPC, error
-    assert closed.value.errno == errno.ENOSPC
-    assert wkit.s3_get(s3, bucket, "ckpt.bin") == old
-    assert wkit.read_uncached(m.path / "ckpt.bin") == old
-    # nothing left to upload later either: the failed file's changes were dropped
-    assert m.counter("tierfs_writeback_dirty_bytes") == 0
-    assert m.counter("tierfs_writeback_uploads_total") == 0
-    assert m.alive()
 
 
 def test_uploads_refused_unmount_then_mount_again_uploads_everything(mounts, s3, bucket):

@@ -7,8 +7,8 @@ the orphan cleanup run in the test's trio nursery, as the daemon runs them.
         await r.settled()                              # every file uploaded
 
 FaultyBackend: `down` (every upload/multipart call raises BackendUnavailable), `fail(op,
-n, exc[, part=])` (the next n calls of op - of that part - raise exc), `poisoned` (keys whose uploads raise
-AccessDenied), `lose_create_answers` (CreateMultipartUpload happens on the server, then
+n, exc[, part=])` (the next n calls of op - of that part - raise exc), `poisoned` (keys
+whose uploads raise AccessDenied), `lose_create_answers` (CreateMultipartUpload happens on the server, then
 BackendUnavailable: the answer was lost), `vanish_uploads` (the next n multipart uploads
 are aborted on the server before their first part, as another client or an expiry rule
 would); `calls` counts every call by op.
