@@ -165,6 +165,15 @@ def bucket_differs(client, bucket: str, expected: dict[str, bytes | None]) -> li
     return out
 
 
+def s3_sizes(client, bucket: str, prefix: str = "") -> dict[str, int]:
+    """{key: size} of every object under `prefix`."""
+    out: dict[str, int] = {}
+    for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+        for o in page.get("Contents", []):
+            out[o["Key"]] = o["Size"]
+    return out
+
+
 def open_uploads(client, bucket: str) -> list[str]:
     keys = []
     for page in client.get_paginator("list_multipart_uploads").paginate(Bucket=bucket):

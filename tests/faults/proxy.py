@@ -19,7 +19,8 @@ request before deciding on a fault) and does not pass on; botocore never signs i
 
 Faults. A rule (inject()) names a kind, the op kinds it applies to, a probability, a count
 (most injections; None: no limit), a seed (each rule draws from its own random.Random, so a
-given sequence of requests gets the same faults) and an optional key substring. For each
+given sequence of requests gets the same faults) and optionally a key: a substring of the
+object key, or a predicate on it. For each
 request the rules are tried in the order they were added; the first that fires is applied,
 at most one per request. Kinds:
 
@@ -59,6 +60,7 @@ import termios
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 from urllib.parse import parse_qs, unquote, urlsplit
 
 import trio
@@ -121,7 +123,7 @@ class Rule:
     probability: float = 1.0
     count: int | None = None  # most injections; None: no limit
     seed: int = 0
-    key: str | None = None  # only requests whose key contains this
+    key: str | Callable[[str], bool] | None = None  # substring of the key, or a predicate
     seconds: float | None = None  # hang: longest hold (None: until released); delay: delay
     then: str = "forward"  # after a hang times out: "forward" or "close"
     after: int | None = None  # reset/close: body bytes passed first (None: random)
@@ -143,7 +145,8 @@ class Rule:
 
     def matches(self, op: str, key: str) -> bool:
         return ((self.ops is None or op in self.ops)
-                and (self.key is None or self.key in key)
+                and (self.key is None
+                     or (self.key(key) if callable(self.key) else self.key in key))
                 and (self.count is None or self.injected < self.count))
 
 
@@ -434,7 +437,7 @@ class FaultProxy:
     # -------------------------------------------------------------- control (any thread)
     def inject(self, kind: str, ops: str | set[str] | frozenset[str] | None = None, *,
                probability: float = 1.0, count: int | None = None, seed: int = 0,
-               key: str | None = None, seconds: float | None = None, then: str = "forward",
+               key: str | Callable[[str], bool] | None = None, seconds: float | None = None, then: str = "forward",
                after: int | None = None, bits: int = 1, retry_after: int = 1) -> Rule:
         """Add a fault rule (see the module docstring); returns it (remove() takes it)."""
         if isinstance(ops, str):
