@@ -185,12 +185,15 @@ def _report_fatal_errors(log_file: str | None) -> None:
       output that bypasses logging lands there).
     """
     global _fatal_log
-    if log_file:
-        _fatal_log = open(log_file, "a")  # noqa: SIM115 - held until the process exits
-        faulthandler.enable(file=_fatal_log, all_threads=True)
-    else:
-        faulthandler.enable(all_threads=True)
     log = logging.getLogger("tierfs")
+    try:
+        if log_file:
+            _fatal_log = open(log_file, "a")  # noqa: SIM115 - held until the process exits
+            faulthandler.enable(file=_fatal_log, all_threads=True)
+        else:
+            faulthandler.enable(all_threads=True)
+    except (OSError, RuntimeError, ValueError, AttributeError) as exc:  # e.g. no stderr at all
+        log.warning("native crashes will not be logged (faulthandler: %s)", exc)
 
     def uncaught(exc_type: type[BaseException], exc: BaseException, tb: object) -> None:
         if issubclass(exc_type, KeyboardInterrupt):

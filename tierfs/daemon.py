@@ -31,6 +31,7 @@ from .fs import FuseOps
 from .health import PROBE_TIMEOUT_S, BackendHealth
 from .metrics import Metrics
 from .runpaths import control_socket
+from .tasks import Tasks
 
 log = logging.getLogger(__name__)
 
@@ -123,7 +124,7 @@ async def _serve_locked(cfg: MountConfig, cache_dir: str, on_ready: Callable[[],
         why = "stopping on an error (logged next)"  # the log says why the daemon stopped
         try:
             async with trio.open_nursery() as nursery:
-                await nursery.start(control.serve)
+                await nursery.start(_serve_control, control, core.tasks)
                 nursery.start_soon(_stop_on_signal)
                 nursery.start_soon(_announce_ready, cfg.mountpoint, on_ready)
                 await pyfuse3.main()
@@ -156,6 +157,27 @@ async def _check_store(cfg: MountConfig, cache_dir: str, backend: AsyncBackend,
             await backend.check()
     except BackendError as exc:
         raise StartupError(str(exc)) from None
+
+
+async def _serve_control(control: ControlServer, tasks: Tasks,
+                         task_status: trio.TaskStatus = trio.TASK_STATUS_IGNORED) -> None:
+    """The control socket. Failing to open it is a start-up error; failing later (a bug)
+    must not end the mount: it is reported and the server runs again under the supervisor."""
+    opened = False
+
+    class _Opened:
+        def started(self, value: object = None) -> None:
+            nonlocal opened
+            opened = True
+            task_status.started(value)
+
+    try:
+        await control.serve(_Opened())  # type: ignore[arg-type]
+    except Exception as exc:  # noqa: BLE001 - after start, the supervisor's business
+        if not opened:
+            raise
+        tasks.report("control", exc)
+        tasks.supervise("control", control.serve)
 
 
 async def _announce_ready(mountpoint: str, on_ready: Callable[[], None]) -> None:

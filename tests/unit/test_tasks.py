@@ -139,3 +139,35 @@ def test_exception_helpers():
     assert isinstance(expected_error(be), TierfsError)
     assert is_cancellation(BaseExceptionGroup("c", [KeyboardInterrupt()]))
     assert not is_cancellation(BaseExceptionGroup("c", [KeyboardInterrupt(), bug]))
+
+
+async def test_the_control_server_fails_the_start_or_is_supervised_after_it(autojump_clock):
+    from tierfs.daemon import _serve_control
+    from tierfs.errors import StartupError
+
+    class Control:
+        def __init__(self, fail_at_start: bool) -> None:
+            self.fail_at_start = fail_at_start
+            self.runs = 0
+
+        async def serve(self, task_status=trio.TASK_STATUS_IGNORED):
+            self.runs += 1
+            if self.fail_at_start:
+                raise StartupError("cannot listen")
+            task_status.started()
+            if self.runs < 3:
+                raise RuntimeError("a bug after start")
+            await trio.sleep_forever()
+
+    metrics = Metrics()
+    async with trio.open_nursery() as nursery:
+        tasks = Tasks(nursery, metrics)
+        with pytest.raises(BaseException) as info:  # the start-up error, as start() gives it
+            await nursery.start(_serve_control, Control(True), tasks)
+        assert isinstance(sole_exception(info.value), StartupError)
+        control = Control(False)
+        await nursery.start(_serve_control, control, tasks)
+        await trio.sleep(60)
+        nursery.cancel_scope.cancel()
+    assert control.runs == 3
+    assert errors(metrics, "control") == 2
