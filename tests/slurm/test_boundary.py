@@ -131,20 +131,20 @@ def test_symlinks_dotdot_and_globs_warm_only_what_the_user_reads(slurm, mount, d
     assert stat.S_IMODE(slurm.hook_log.stat().st_mode) == 0o600
 
 
-def test_log_lines_cannot_be_forged_and_the_log_is_root_s(slurm, public_dir):
+def test_log_lines_cannot_be_forged_and_the_log_is_root_s(slurm, mount, public_dir):
     log = public_dir / "hook.log"
     log.write_text("")
     log.chmod(0o644)  # as an older tierfs left it
     settings = public_dir / "tierfs-slurm.toml"
     settings.write_text(f'log_file = "{log}"\n')
-    forged = "/x/\x1b[2KFORGED\x07\x9b"  # not whitespace (the token goes on), control chars
+    forged = f"{mount.mountpoint}/\x1b[2KFORGED\x07\x9b"  # not whitespace: the token goes on
     r = run_hook(slurm, "prolog", "999997", TIERFS_SLURM_CONFIG=str(settings),
                  SLURM_SCRIPT_CONTEXT="prolog_slurmd",
                  SLURM_JOB_COMMENT=f"tierfs:warm={forged}")
     assert r.returncode == 0
     lines = log.read_text().splitlines()
     assert len(lines) == 1 and len(r.stderr.splitlines()) == 1
-    assert "missing for nobody: /x/\\x1b[2KFORGED\\x07\\x9b in " in lines[0]
+    assert f"matches nothing for nobody: {mount.mountpoint}/\\x1b[2KFORGED\\x07\\x9b in " in lines[0]
     assert r.stderr.splitlines()[0] in lines[0] and "\x1b" not in r.stderr
     assert stat.S_IMODE(log.stat().st_mode) == 0o600
 

@@ -165,15 +165,19 @@ def test_manifest_is_read_as_the_job_user(tmp_path, public_dir):
 
 
 @needs_root
-def test_paths_the_user_cannot_read_are_dropped(tmp_path):
+def test_paths_the_user_cannot_read_are_dropped(tmp_path, public_dir):
     hidden = tmp_path / "a.bin"  # exists, but inside a folder nobody cannot enter
     hidden.write_text("x")
+    for name, mode in (("a.conf", 0o644), ("b.conf", 0o600), ("c.txt", 0o644)):
+        (public_dir / name).write_text(name)
+        (public_dir / name).chmod(mode)
     paths, problems = collect(NOBODY, Declared(paths=(
-        "/etc/passwd", "/etc/shadow", str(hidden), "/etc/host*.conf", "/nonexistent/x")),
-        EVERYWHERE)
-    assert paths == ["/etc/passwd", "/etc/host.conf"]
+        "/etc/passwd", "/etc/shadow", str(hidden), f"{public_dir}/*.conf",
+        f"{public_dir}/nonexistent/x")), EVERYWHERE)
+    assert paths == ["/etc/passwd", f"{public_dir}/a.conf"]
     assert problems == ["unreadable for nobody: /etc/shadow", f"unreadable for nobody: {hidden}",
-                        "missing for nobody: /nonexistent/x"]
+                        f"unreadable for nobody: {public_dir}/b.conf",
+                        f"missing for nobody: {public_dir}/nonexistent/x"]
 
 
 def run_hook(hook, env, tmp_path):
