@@ -177,7 +177,7 @@ def check_journal(cache_dir: str, report: Report, index_marked: bool) -> None:
     report.journaled_files = len(live)
     owned = set()
     for ino, entry in sorted(live.items()):
-        rec = entry["record"]
+        rec = entry["record"] if isinstance(entry["record"], dict) else {}
         staging = str(rec.get("staging", ""))
         owned.add(os.path.basename(staging))
         if not os.path.isfile(staging):
@@ -198,8 +198,8 @@ def check_journal(cache_dir: str, report: Report, index_marked: bool) -> None:
                 os.unlink(path)
                 p.repaired = True
         else:
-            p = report.add("staging", path, "not in the journal, which was damaged: may be "
-                           "unsaved writes")
+            p = report.add("staging", path, "not in the journal, which was damaged or "
+                           "missing: may be unsaved writes")
             if report.repair:
                 dest = _to_lost_found(cache_dir, path)
                 p.detail += f"; moved to {dest}"
