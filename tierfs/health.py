@@ -32,7 +32,8 @@ from .metrics import Metrics
 log = logging.getLogger(__name__)
 
 PROBE_INTERVAL_S = 3.0  # while degraded, one HeadBucket this often
-PROBE_TIMEOUT_S = 2.0  # a probe not answered in this long counts as "still down"
+PROBE_TIMEOUT_S = 5.0  # a probe not answered in this long counts as "still down": short, but
+# long enough that an overloaded store answering slowly is not taken for a dead one
 
 # answers that prove the store is reachable, even though the request failed
 _ANSWERED = (NotFound, PreconditionFailed, AccessDenied, NoSuchBucket)
