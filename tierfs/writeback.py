@@ -41,6 +41,8 @@ until it is completed or given up. Orphan cleanup aborts only recorded uploads t
 one owns: those of an earlier daemon, of an attempt that failed, and those created on the
 server whose answer was lost (found by listing the key's uploads initiated while the
 marker was live). It never touches a key while an upload of it is being created here.
+It runs at start and after any upload that leaves unowned records, again with backoff
+while the store fails it.
 
 Concurrency: one trio.Lock per DirtyFile serializes writes, truncates and uploads of that
 file (an upload sees one consistent generation). Staging I/O is page-cache pwrite/pread
@@ -153,7 +155,8 @@ class WriteBack:
         os.makedirs(self.dir, exist_ok=True)
         self.files: dict[int, DirtyFile] = {}
         self._queue_send, self._queue_recv = trio.open_memory_channel[int](math.inf)
-        self._retry_at: dict[int, float] = {}  # ino -> trio time of its next upload attempt
+        # ino (or _SWEEP) -> trio time of its next attempt
+        self._retry_at: dict[int, float] = {}
         self._parts = trio.CapacityLimiter(4)  # parts in memory at once, per daemon
         # multipart uploads (ids and pending markers) this daemon runs -> key
         self._owned: dict[str, str] = {}
@@ -163,6 +166,7 @@ class WriteBack:
         self._started = time.time()  # markers of an earlier daemon ended before this
         # (wall time, not `clock`: it is compared with the store's Initiated times)
         self._sweeping = False
+        self._sweep_failures = 0
 
     # ---- lifecycle of a dirty file ----------------------------------------------------
 
@@ -671,11 +675,7 @@ class WriteBack:
         while True:
             ino = await self._next()
             if ino == _SWEEP:
-                try:
-                    await self._sweep()
-                except Exception as exc:  # noqa: BLE001 - keep the worker
-                    self.metrics.internal_errors.labels("orphan-cleanup").inc()
-                    log.error("orphan cleanup failed unexpectedly", exc_info=exc)
+                await self._background_sweep()
                 continue
             d = self.files.get(ino)
             if d is None or d.writers > 0 or d.unlinked or d.clean:
@@ -684,6 +684,23 @@ class WriteBack:
                 await self.commit(d)
             except Exception:  # noqa: BLE001 - commit logged it and scheduled the retry
                 pass
+
+    async def _background_sweep(self) -> None:
+        """Orphan cleanup after an upload; while the store fails it, tried again with
+        backoff (through the retry schedule), so lost uploads do not wait for a remount."""
+        try:
+            ok = await self._sweep()
+        except Exception as exc:  # noqa: BLE001 - keep the worker
+            self.metrics.internal_errors.labels("orphan-cleanup").inc()
+            log.error("orphan cleanup failed unexpectedly", exc_info=exc)
+            ok = False
+        if ok:
+            self._sweep_failures = 0
+            return
+        self._sweep_failures += 1
+        delay = min(self.retry_max_s, self.retry_min_s * 2 ** min(self._sweep_failures - 1, 30))
+        self._retry_at[_SWEEP] = trio.current_time() + delay
+        self._queue_send.send_nowait(_WAKE)
 
     def recover(self) -> int:
         """At start: requeue journaled files, delete staging files of unacknowledged ones."""

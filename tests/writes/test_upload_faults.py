@@ -261,3 +261,19 @@ async def test_a_failed_write_never_drops_acknowledged_changes(tmp_path):
         await r.settled()
         got = stored(inner, "log.bin")
         assert got is not None and len(got) == grown and got[:len(first)] == first
+
+
+async def test_a_lost_create_answer_is_found_and_aborted_without_a_remount(tmp_path):
+    """CreateMultipartUpload created an upload but its answer was lost: the file's next
+    attempt succeeds with a new upload; the lost one (found by its Initiated time) is
+    aborted by the cleanup after that upload, retried while the store fails the listing."""
+    fb, inner = file_backend(tmp_path)
+    fb.lose_create_answers = 1
+    fb.fail("mpu_list", 2, BackendUnavailable("injected: connection refused"))
+    data = payload("lost", BIG)
+    async with wb_rig(tmp_path, fb, cleanup=False) as r:
+        await r.write_file(2, "lost.bin", data)
+        await r.settled()
+        assert stored(inner, "lost.bin") == data
+        await r.wait_for(lambda: not inner.mpu_list("lost.bin") and not r.meta.uploads())
+        assert fb.calls["mpu_list"] >= 3 and fb.calls["mpu_create"] == 2
