@@ -55,6 +55,12 @@ def setup(tmp_path):
     return hooks, src, mnt, cache
 
 
+def hooked(hooks, mode: str) -> dict[str, str]:
+    """The environment that makes the daemon die in `mode` (PYTHONPATH kept, hooks first)."""
+    path = os.pathsep.join(p for p in (str(hooks), os.environ.get("PYTHONPATH")) if p)
+    return {"PYTHONPATH": path, "TIERFS_TEST_DEATH": mode}
+
+
 def tierfs(*args: str, env: dict[str, str] | None = None, timeout: float = 60):
     return subprocess.run([sys.executable, "-m", "tierfs", *args], capture_output=True,
                           text=True, timeout=timeout, env={**os.environ, **(env or {})})
@@ -64,7 +70,7 @@ def tierfs(*args: str, env: dict[str, str] | None = None, timeout: float = 60):
 def test_native_crash_at_start_is_in_the_log_and_on_the_parents_stderr(setup, mode, signame):
     hooks, src, mnt, cache = setup
     r = tierfs("mount", f"file://{src}", str(mnt), "--cache-dir", str(cache),
-               env={"PYTHONPATH": str(hooks), "TIERFS_TEST_DEATH": mode})
+               env=hooked(hooks, mode))
     assert r.returncode != 0
     assert f"killed by {signame}" in r.stderr
     assert "Fatal Python error" in r.stderr, r.stderr
@@ -80,7 +86,7 @@ def test_words_on_stderr_at_start_are_in_the_log_and_on_the_parents_stderr(setup
     (cache / "tierfs.log").write_text("an old line from an earlier mount\n")
     (cache / "tierfs.log").chmod(0o600)
     r = tierfs("mount", f"file://{src}", str(mnt), "--cache-dir", str(cache),
-               env={"PYTHONPATH": str(hooks), "TIERFS_TEST_DEATH": "exit"})
+               env=hooked(hooks, "exit"))
     assert r.returncode == 1
     lines = r.stderr.splitlines()
     errors = [t for t in lines if t.startswith("tierfs: error:")]
