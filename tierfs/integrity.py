@@ -108,29 +108,11 @@ def _hashlib(name: str) -> Callable[[memoryview], bytes]:
     return lambda view: hashlib.new(name, view).digest()
 
 
-def _crc64nvme() -> Callable[[memoryview], bytes] | None:
-    try:  # botocore's, backed by awscrt: only when that is installed
-        from botocore.httpchecksum import CrtCrc64NvmeChecksum  # type: ignore[attr-defined]
-
-        CrtCrc64NvmeChecksum()
-    except Exception:  # noqa: BLE001 - ImportError, or awscrt missing inside botocore
-        return None
-
-    def digest(view: memoryview) -> bytes:
-        c = CrtCrc64NvmeChecksum()
-        c.update(view)
-        return c.digest()
-
-    return digest
-
-
 # algorithm (as in x-amz-checksum-<algorithm>) -> the digest S3 sends, base64-decoded
 CHECKSUMS: dict[str, Callable[[memoryview], bytes]] = {
     "crc32": _crc32, "crc32c": _crc32c, "sha1": _hashlib("sha1"), "sha256": _hashlib("sha256"),
 }
-_nvme = _crc64nvme()
-if _nvme is not None:
-    CHECKSUMS["crc64nvme"] = _nvme
+# crc64nvme is added by backend/s3.py when botocore can compute it (awscrt installed)
 
 
 @dataclass(frozen=True)

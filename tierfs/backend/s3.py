@@ -67,6 +67,27 @@ def _etag(raw: str) -> str:
     return raw.strip('"')
 
 
+def _crc64nvme() -> Callable[[memoryview], bytes] | None:
+    try:  # botocore's, backed by awscrt: only when that is installed
+        from botocore.httpchecksum import CrtCrc64NvmeChecksum  # type: ignore[attr-defined]
+
+        CrtCrc64NvmeChecksum()
+    except Exception:  # noqa: BLE001 - ImportError, or awscrt missing inside botocore
+        return None
+
+    def digest(view: memoryview) -> bytes:
+        c = CrtCrc64NvmeChecksum()
+        c.update(view)
+        return c.digest()
+
+    return digest
+
+
+_nvme = _crc64nvme()
+if _nvme is not None:
+    integrity.CHECKSUMS["crc64nvme"] = _nvme
+
+
 class S3Backend:
     name = "s3"
 
