@@ -63,7 +63,7 @@ class Fetcher:
         try:
             data = await self.backend.get(obj.key, index * self.chunk_size,
                                           self.chunk_length(obj, index), obj.etag,
-                                          background=background)
+                                          background=background, size=obj.size)
             if len(data) != self.chunk_length(obj, index):
                 # a shorter or longer body than the listed size: the object changed
                 raise PreconditionFailed(f"get {obj.key!r}: size differs from the listing")
@@ -175,7 +175,7 @@ class Fetcher:
         sync = self.backend.sync
 
         def fill(view: memoryview) -> None:  # in the worker thread
-            if sync.get_into(obj.key, start, view, obj.etag) != length:
+            if sync.get_into(obj.key, start, view, obj.etag, size=obj.size) != length:
                 raise PreconditionFailed(f"get {obj.key!r}: size differs from the listing")
 
         flight = self._flights[ckey] = _Flight()

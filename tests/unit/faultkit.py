@@ -275,17 +275,19 @@ class FaultBackend:
         self._before(Call("head", key))
         return self.inner.head(key)
 
-    def get(self, key: str, start: int, length: int, etag: str | None) -> bytes:
+    def get(self, key: str, start: int, length: int, etag: str | None, *,
+            size: int | None = None) -> bytes:
         fired = self._before(Call("get", key, start, length))
-        data = self.inner.get(key, start, length, etag)
+        data = self.inner.get(key, start, length, etag, size=size)
         if not fired:
             return data
         buf = bytearray(data)
         return bytes(buf[:self._damage(fired, buf)])
 
-    def get_into(self, key: str, start: int, buf: memoryview, etag: str | None) -> int:
+    def get_into(self, key: str, start: int, buf: memoryview, etag: str | None, *,
+                 size: int | None = None) -> int:
         fired = self._before(Call("get_into", key, start, len(buf)))
-        n = self.inner.get_into(key, start, buf, etag)
+        n = self.inner.get_into(key, start, buf, etag, size=size)
         return self._damage(fired, buf[:n]) if fired else n
 
     def put(self, key: str, data: bytes, metadata: dict[str, str] | None = None) -> ObjectMeta:

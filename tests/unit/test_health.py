@@ -135,7 +135,7 @@ async def test_async_backend_refuses_before_queuing_and_learns_from_outcomes(tmp
         gets = 0
         fail = False
 
-        def get(self, key, start, length, etag):
+        def get(self, key, start, length, etag, *, size=None):
             Store.gets += 1
             if Store.fail:
                 raise BackendUnavailable(f"get {key!r}: endpoint unreachable (test)")
@@ -188,7 +188,7 @@ async def test_a_stalled_request_makes_a_hung_store_degraded_before_it_ends(tmp_
     release = threading.Event()
 
     class Hung(FileBackend):
-        def get(self, key, start, length, etag):
+        def get(self, key, start, length, etag, *, size=None):
             release.wait(10)
             raise BackendUnavailable(f"get {key!r}: read timeout (test)")
 
