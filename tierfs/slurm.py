@@ -136,7 +136,7 @@ def trusted_uids(settings: Settings, origin: str = "daemon_user") -> frozenset[i
     """The owners of the mounts the hooks talk to: root, and the site's daemon_user (for
     mounts a systemd unit runs as a user of their own). A user's own tierfs mount is
     never one of them: its socket, and so its answers, are that user's."""
-    name = getattr(settings, "daemon_user", "") or ""
+    name = settings.daemon_user
     if not name:
         return frozenset({0})
     try:
@@ -549,7 +549,7 @@ def _check(args: argparse.Namespace) -> int:
           f"timeout = {settings.timeout:g}s\nmax_bytes = {settings.max_bytes or 'no limit'}\n"
           f"log_file = {settings.log_file or '(stderr only)'}\n"
           f"scontrol = {settings.scontrol}\n"
-          f"daemon_user = {getattr(settings, 'daemon_user', '') or '(root only)'} "
+          f"daemon_user = {settings.daemon_user or '(root only)'} "
           f"(mounts of uid {owners} are used)")
     return 0
 
