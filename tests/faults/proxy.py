@@ -15,14 +15,15 @@ connection gets one upstream connection and requests are relayed one at a time, 
 unchanged: SigV4 signs the Host header as the client sent it (127.0.0.1:PROXY_PORT) and RGW
 verifies the signature against the Host it receives, so nothing needs re-signing. The one
 header touched is `Expect: 100-continue`, which the proxy answers itself (it reads the whole
-request before deciding on a fault) and does not pass on; botocore never signs it.
+request before deciding on a fault) and does not pass on; botocore never signs it. A
+keep-alive connection the store closed while idle is reopened and the request sent again,
+as a client would, so the proxy injects nothing it was not asked to.
 
 Faults. A rule (inject()) names a kind, the op kinds it applies to, a probability, a count
 (most injections; None: no limit), a seed (each rule draws from its own random.Random, so a
 given sequence of requests gets the same faults) and optionally a key: a substring of the
-object key, or a predicate on it. For each
-request the rules are tried in the order they were added; the first that fires is applied,
-at most one per request. Kinds:
+object key, or a predicate on it. For each request the rules are tried in the order they
+were added; the first that fires is applied, at most one per request. Kinds:
 
   hang     the request is held, not forwarded, until release()/heal() or `seconds`
            (then: `then="forward"` relays it late, `then="close"` drops the connection)
@@ -437,8 +438,9 @@ class FaultProxy:
     # -------------------------------------------------------------- control (any thread)
     def inject(self, kind: str, ops: str | set[str] | frozenset[str] | None = None, *,
                probability: float = 1.0, count: int | None = None, seed: int = 0,
-               key: str | Callable[[str], bool] | None = None, seconds: float | None = None, then: str = "forward",
-               after: int | None = None, bits: int = 1, retry_after: int = 1) -> Rule:
+               key: str | Callable[[str], bool] | None = None, seconds: float | None = None,
+               then: str = "forward", after: int | None = None, bits: int = 1,
+               retry_after: int = 1) -> Rule:
         """Add a fault rule (see the module docstring); returns it (remove() takes it)."""
         if isinstance(ops, str):
             ops = {ops}
