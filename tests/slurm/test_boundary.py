@@ -229,9 +229,12 @@ def test_hooks_use_only_trusted_mounts_and_one_bad_mount_skips_nothing(
         r = tierfs("warm", "--job", job, *(f"{m.mountpoint}/data/sub/c.bin"
                                            for m in (mount, bad, users)))
         assert r.returncode == 0, r.stderr
+        # a deadline of its own: a hung mount left by another test must not make this slow
+        settings = public_dir / "tierfs-slurm.toml"
+        settings.write_text(f'timeout = "20s"\nlog_file = "{public_dir}/hook.log"\n')
         garbled = GarbledSocket(control_socket(bad.mountpoint, 0))
         try:
-            r = run_hook(slurm, "epilog", job)
+            r = run_hook(slurm, "epilog", job, TIERFS_SLURM_CONFIG=str(settings))
         finally:
             garbled.close()
         assert r.returncode == 0
@@ -239,7 +242,7 @@ def test_hooks_use_only_trusted_mounts_and_one_bad_mount_skips_nothing(
         assert f"job:{job}" not in job_owners(mount)  # the good one released its pins
         assert f"job:{job}" in job_owners(bad)  # the bad one could not: pin_ttl ends it
         assert f"job:{job}" in job_owners(users)  # a user's own mount was not touched
-        [line] = hook_lines(slurm, job, "epilog")[-1:]
+        [line] = [ln.split(" ", 1)[1] for ln in (public_dir / "hook.log").read_text().splitlines()]
         assert line.startswith(f"tierfs-slurm epilog job={job} user=nobody unpinned 1 "
                                "files; unpin FAILED on "), line
         assert f"{bad.mountpoint}: " in line and users.mountpoint not in line
