@@ -35,7 +35,6 @@ from dataclasses import asdict, dataclass, field
 
 import lmdb
 
-from .cache.keys import chunk_name
 from .errors import TierfsError
 from .journal import JOURNAL_NAME, JournalState, scan_file, write_file
 from .meta import ChunkRecord, MetaStore, probe_index, salvage_index, set_aside
@@ -256,6 +255,10 @@ def _chunk_files(cache_dir: str) -> dict[str, str]:
 
 def check_index(cache_dir: str, report: Report, problem: str | None) -> None:
     """Check index (`problem`: what probe_index found) and chunk files."""
+    # imported here: tierfs.cache brings trio, and every `tierfs` command (Slurm hooks
+    # included) imports this module to register its parser
+    from .cache.keys import chunk_name
+
     index = os.path.join(cache_dir, "index")
     if problem is not None:
         p = report.add("index", index, f"damaged: {problem}")
