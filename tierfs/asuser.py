@@ -30,9 +30,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from .errors import TierfsError
+from .config import read_manifest_fd
+from .errors import TierfsError, UsageError
 
-MANIFEST_MAX_BYTES = 1 << 20  # as config.MANIFEST_MAX_BYTES (tierfs warm --manifest)
 MAX_MANIFESTS = 16  # per job
 MAX_ITEMS = 100_000  # paths handed to the warm (a folder readable as a whole counts once)
 MAX_REPLY = 64 << 20  # bytes of the child's answer
@@ -301,27 +301,13 @@ class _Resolver:
         except OSError as exc:
             raise _Problem(f"cannot read manifest {path} as {who}: {_why(exc)}") from None
         try:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode):
-                raise _Problem(f"manifest {path} is not a regular file")
-            if st.st_size > MANIFEST_MAX_BYTES:
-                raise _Problem(f"manifest {path} is larger than {MANIFEST_MAX_BYTES} bytes")
-            data = b""
-            while len(data) <= MANIFEST_MAX_BYTES:
-                part = os.read(fd, MANIFEST_MAX_BYTES + 1 - len(data))
-                if not part:
-                    break
-                data += part
+            return read_manifest_fd(fd, path)
+        except UsageError as exc:
+            raise _Problem(str(exc)) from None
         except OSError as exc:
             raise _Problem(f"cannot read manifest {path} as {who}: {_why(exc)}") from None
         finally:
             os.close(fd)
-        if len(data) > MANIFEST_MAX_BYTES:  # it grew while we read
-            raise _Problem(f"manifest {path} is larger than {MANIFEST_MAX_BYTES} bytes")
-        try:
-            return data.decode("utf-8")
-        except UnicodeDecodeError:
-            raise _Problem(f"manifest {path} is not UTF-8 text") from None
 
     # -- paths and globs
     def _resolve(self, path: str) -> None:

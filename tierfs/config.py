@@ -19,6 +19,7 @@ import hashlib
 import math
 import os
 import re
+import stat
 import sys
 import tomllib
 from dataclasses import dataclass
@@ -642,6 +643,29 @@ def build_config_with_file(path: str, source: str | None, mountpoint: str | None
 
 MANIFEST_MAX_BYTES = 1 << 20  # a manifest (tierfs warm --manifest, tierfs:manifest=) is at most 1 MiB
 MANIFEST_MAX_PATHS = 100_000
+
+
+def read_manifest_fd(fd: int, path: str) -> str:
+    """The text of an open manifest (`tierfs warm --manifest`, `tierfs:manifest=`): a
+    regular file of at most MANIFEST_MAX_BYTES of UTF-8, else UsageError naming `path`.
+    Checked on the open fd (fstat), so /dev/zero, a FIFO or a file swapped after a check is
+    refused, and read to the limit only, so a file that grows while read is too.
+    OSError is left to the caller, who knows as whom it read."""
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        raise UsageError(f"manifest {path} is not a regular file")
+    data = b""
+    while len(data) <= MANIFEST_MAX_BYTES:
+        part = os.read(fd, MANIFEST_MAX_BYTES + 1 - len(data))
+        if not part:
+            break
+        data += part
+    if len(data) > MANIFEST_MAX_BYTES:
+        raise UsageError(f"manifest {path} is larger than {format_size(MANIFEST_MAX_BYTES)}: "
+                         f"split it")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise UsageError(f"manifest {path} is not UTF-8 text") from None
 
 
 class SlurmSettings(BaseModel):

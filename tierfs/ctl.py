@@ -16,7 +16,6 @@ import argparse
 import json
 import os
 import socket
-import stat
 import sys
 import time
 from dataclasses import dataclass
@@ -25,8 +24,8 @@ from typing import Callable, Iterator
 from pydantic import ValidationError
 
 from . import protocol
-from .config import (MANIFEST_MAX_BYTES, MANIFEST_MAX_PATHS, MAX_DURATION, check_job_id,
-                     format_size, parse_duration)
+from .config import (MANIFEST_MAX_PATHS, MAX_DURATION, check_job_id, format_size,
+                     parse_duration, read_manifest_fd)
 from .errors import TierfsError, UsageError
 from .mountinfo import mounts
 from .protocol import MAX_REPLY, ProtocolError
@@ -104,25 +103,12 @@ def read_manifest(path: str) -> list[str]:
     except OSError as exc:
         raise UsageError(f"cannot read manifest {path}: {exc.strerror}") from None
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise UsageError(f"manifest {path} is not a regular file")
-        data = b""
-        while len(data) <= MANIFEST_MAX_BYTES:
-            chunk = os.read(fd, MANIFEST_MAX_BYTES + 1 - len(data))
-            if not chunk:
-                break
-            data += chunk
+        text = read_manifest_fd(fd, path)
     except OSError as exc:
         raise UsageError(f"cannot read manifest {path}: {exc.strerror}") from None
     finally:
         os.close(fd)
-    if len(data) > MANIFEST_MAX_BYTES:
-        raise UsageError(f"manifest {path} is larger than {format_size(MANIFEST_MAX_BYTES)}: "
-                         f"split it")
-    try:
-        lines = [ln.strip() for ln in data.decode("utf-8").splitlines()]
-    except UnicodeDecodeError:
-        raise UsageError(f"manifest {path} is not UTF-8 text") from None
+    lines = [ln.strip() for ln in text.splitlines()]
     paths = [ln for ln in lines if ln and not ln.startswith("#")]
     if len(paths) > MANIFEST_MAX_PATHS:
         raise UsageError(f"manifest {path} names more than {MANIFEST_MAX_PATHS} paths")

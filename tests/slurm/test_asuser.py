@@ -14,10 +14,10 @@ from tierfs.asuser import (
     AsUserError,
     DeadlineExceeded,
     Identity,
-    MANIFEST_MAX_BYTES,
     MAX_MANIFESTS,
     run_as,
 )
+from tierfs.config import MANIFEST_MAX_BYTES, format_size
 from tierfs.mountinfo import Mount
 from tierfs.slurm import Declared, Job, collect
 
@@ -112,7 +112,7 @@ def test_manifests_are_regular_files_read_as_the_user(public_dir):
     assert paths == [f"{p}/data/open/a.bin"]
     assert problems == [*(f"manifest {f} is not a regular file" for f in fifos),
                         "manifest /dev/zero is not a regular file",
-                        f"manifest {big} is larger than {MANIFEST_MAX_BYTES} bytes",
+                        f"manifest {big} is larger than {format_size(MANIFEST_MAX_BYTES)}: split it",
                         "cannot read manifest /etc/shadow as nobody: Permission denied"]
 
 

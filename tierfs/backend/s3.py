@@ -106,7 +106,8 @@ class S3Backend:
             # verified by tierfs/integrity.py (botocore checks only a body read to its end)
             request_checksum_calculation="when_required",
             response_checksum_validation="when_required",
-            retries={"mode": "standard", "max_attempts": max_attempts},
+            # total_max_attempts counts the first try too ("max_attempts" here would not)
+            retries={"mode": "standard", "total_max_attempts": max_attempts},
             connect_timeout=connect_timeout(timeout_s),
             read_timeout=timeout_s,
             max_pool_connections=max_connections,
