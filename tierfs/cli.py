@@ -290,7 +290,8 @@ def _write_pid(path: str) -> None:
 
 
 def _spawn_background(cfg: MountConfig, argv: list[str]) -> None:
-    from .daemon import check_mountpoint, prepare_cache_dir
+    from .cachedir import prepare_cache_dir
+    from .daemon import check_mountpoint
 
     # the child checks again, but input errors are reported fastest from here
     check_mountpoint(cfg.mountpoint)

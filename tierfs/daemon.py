@@ -21,8 +21,9 @@ import trio
 
 from . import sdnotify
 from .backend import open_backend
+from .backend.budget import mount_read_budget
 from .backend.runner import AsyncBackend
-from .cachedir import lock_cache_dir, prepare_cache_dir  # noqa: F401 - cli imports it here
+from .cachedir import lock_cache_dir
 from .config import MountConfig
 from .control import ControlServer, prepare_socket_dir
 from .core import async_backend, build_core
@@ -100,6 +101,10 @@ async def _serve_locked(cfg: MountConfig, cache_dir: str, on_ready: Callable[[],
                                    "backend_concurrency": 1, "warm_concurrency": 1})
     health = backend.health = BackendHealth(metrics, open_backend(probe).check)
     await _check_store(cfg, cache_dir, backend, health)
+    budget = mount_read_budget(cfg)
+    log.info("worst-case time to EIO for a read of uncached data: %.0f s (store hangs: "
+             "%.0f s, unreachable: %.0f s; see docs/operations.md)", budget.worst,
+             budget.hang, budget.unreachable)
     async with build_core(cfg, backend, metrics=metrics) as core:
         if cfg.metrics_addr:
             try:
@@ -188,11 +193,9 @@ async def _announce_ready(mountpoint: str, on_ready: Callable[[], None]) -> None
 def stop_bound(cfg: MountConfig) -> float:
     """The longest a stop can take, for systemd's stop timeout: the drain, then backend
     calls already under way when it ends - a worker thread cannot be cancelled, so each
-    runs out botocore's attempts (connect + read timeout each, backoff of up to 20 s
-    between them) - then the unmount and the index flush (30 s of slack)."""
-    attempt = min(cfg.backend_timeout, 10.0) + cfg.backend_timeout  # as backend/s3.py sets them
-    return (cfg.drain_timeout + cfg.backend_retries * attempt
-            + (cfg.backend_retries - 1) * 20.0 + 30.0)
+    runs out its whole retry budget (backend/budget.py) - then the unmount and the index
+    flush (30 s of slack)."""
+    return cfg.drain_timeout + mount_read_budget(cfg).worst + 30.0
 
 
 _stop_reason: str | None = None  # set when the daemon ends the mount itself
