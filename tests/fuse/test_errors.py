@@ -116,12 +116,13 @@ def test_mount_point_problems(rgw, bucket, tmp_path):
         assert_one_line_error(r, "in use by another tierfs")
 
 
-def test_unwritable_cache_dir(rgw, bucket, tmp_path):
+def test_unusable_cache_dir(rgw, bucket, tmp_path):
     (tmp_path / "mnt").mkdir()
     (tmp_path / "afile").write_text("x")
     r = run_mount(rgw, f"s3://{bucket}", str(tmp_path / "mnt"), "--endpoint-url", rgw.endpoint,
                   "--cache-dir", str(tmp_path / "afile" / "cache"))
-    assert_one_line_error(r, "cache dir", "not writable")
+    assert_one_line_error(r, f"cache dir {tmp_path}/afile/cache", "Not a directory")
+
 
 
 def test_background_mount_and_unmount(rgw, bucket, tmp_path):
