@@ -124,7 +124,6 @@ def test_unusable_cache_dir(rgw, bucket, tmp_path):
     assert_one_line_error(r, f"cache dir {tmp_path}/afile/cache", "Not a directory")
 
 
-
 def test_background_mount_and_unmount(rgw, bucket, tmp_path):
     put_many(rgw.client(), bucket, {"hello.txt": b"hi"})
     (tmp_path / "mnt").mkdir()
