@@ -34,6 +34,9 @@ class _Flight:
         self.stored = trio.Event()  # ...and the disk tier has the chunk (or will not)
         self.data: bytes | None = None
         self.joined = 0  # readers' first accesses that joined this flight: heat for the fill
+        # a reader waits on this (read-ahead) flight: if it fails, the failure is the
+        # reader's too and is remembered, so the reader does not wait out a second GET
+        self.reader_waiting = False
 
 
 class Fetcher:
@@ -71,7 +74,7 @@ class Fetcher:
         except BaseException as exc:
             del self._flights[ckey]
             flight.stored.set()
-            if (not background and isinstance(exc, BackendError)
+            if ((not background or flight.reader_waiting) and isinstance(exc, BackendError)
                     and not isinstance(exc, PreconditionFailed)):
                 self._remember_failure(ckey, exc)
             raise
@@ -114,6 +117,8 @@ class Fetcher:
             if access:
                 flight.joined += 1
                 access = False
+            if not background:
+                flight.reader_waiting = True
             await flight.done.wait()
             if flight.data is not None:
                 return flight.data

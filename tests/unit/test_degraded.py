@@ -19,7 +19,7 @@ from tierfs.errors import (AccessDenied, BackendError, NotFound, RecentFailure, 
                            TierfsError)
 from tierfs.meta import ROOT_INO
 
-from faultkit import Action, FaultBackend, error, unavailable
+from faultkit import Action, FaultBackend, Hang, error, unavailable
 from unitkit import core
 
 KIB = 1 << 10
@@ -216,3 +216,48 @@ async def test_lookup_failures_arrive_as_the_backend_error_not_a_group(tmp_path,
         store.inject("list", _Denied())
         with pytest.raises(AccessDenied):  # an answer of the store is never served stale
             await c.ns.lookup(ROOT_INO, b"x")
+
+
+class _HangThenFail(Action):
+    """Hold the call until released, then fail it as a 500 does."""
+
+    def __init__(self) -> None:
+        self.hang = Hang(max_s=30.0)
+
+    def before(self, call) -> None:
+        self.hang.before(call)
+        raise BackendError(f"{call.op} {call.key!r}: 500 InternalError (injected)")
+
+
+async def test_a_reader_that_joined_a_failing_read_ahead_gets_its_error_without_a_second_get(
+        tmp_path, store):
+    from tierfs.cache import ObjectVersion
+
+    src = store.inner.root
+    write(src, "f.bin", os.urandom(CS))
+    meta = store.inner.head("f.bin")
+    obj = ObjectVersion(src, "f.bin", meta.etag, meta.size)
+    async with core(str(tmp_path), backend=store, bucket=src) as c:
+        failing = _HangThenFail()
+        store.inject("get", failing)
+
+        async def read_ahead() -> None:
+            with pytest.raises(BackendError):
+                await c.fetcher.chunk(obj, 0, background=True)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(read_ahead)
+            await failing.hang.wait_entered()
+            reader = trio.Event()
+
+            async def read() -> None:
+                with pytest.raises(TierfsError) as err:
+                    await c.fetcher.chunk(obj, 0, access=True)
+                assert err.value.errno == errno.EIO
+                reader.set()
+
+            nursery.start_soon(read)
+            await trio.sleep(0.05)  # the reader is waiting on the read-ahead's flight
+            failing.hang.release()
+        assert reader.is_set()
+        assert store.calls["get"] == 1  # the reader did not start a GET of its own
