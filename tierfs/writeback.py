@@ -17,8 +17,9 @@ would have to be downloaded first).
 
 Durability (the only copy of acknowledged data lives here until uploaded):
 - default mode: flush (close) and fsync upload and return only when S3 has the object;
-- write-back mode: flush fsyncs the staging file and journals the file in LMDB with a full
-  sync before returning; a worker uploads it. fsync always uploads.
+- write-back mode: flush fsyncs the staging file and appends the file's record to the
+  journal (tierfs/journal.py, its own fsynced file, apart from the chunk index) before
+  returning; a worker uploads it. fsync always uploads.
 - A file being written when the daemon dies was never acknowledged: recovery deletes its
   staging file. Journaled files are uploaded again after a restart.
 Dirty bytes count against the cache budget and are never evicted; writers wait up to
@@ -468,7 +469,7 @@ class WriteBack:
         try:
             # recorded before it exists: if the answer is lost (or we crash), the marker
             # leads orphan cleanup to this key's uploads initiated while it was live.
-            # LMDB commits fsync: off the trio thread
+            # journal appends fsync: off the trio thread
             await trio.to_thread.run_sync(self.meta.put_upload, marker, d.key)
             try:
                 upload_id = await self.backend.mpu_create(d.key, metadata)
