@@ -96,10 +96,7 @@ async def _serve_locked(cfg: MountConfig, cache_dir: str, on_ready: Callable[[],
     prepare_socket_dir(control_socket(cfg.mountpoint))
     metrics = Metrics()
     backend = async_backend(cfg, open_backend(cfg), metrics)
-    # degraded mode probes with one attempt and short timeouts, on a client of its own
-    probe = cfg.model_copy(update={"backend_timeout": PROBE_TIMEOUT_S, "backend_retries": 1,
-                                   "backend_concurrency": 1, "warm_concurrency": 1})
-    health = backend.health = BackendHealth(metrics, open_backend(probe).check)
+    health = backend.health = BackendHealth(metrics, _probe_check(cfg))
     await _check_store(cfg, cache_dir, backend, health)
     budget = mount_read_budget(cfg)
     log.info("worst-case time to EIO for a read of uncached data: %.0f s (store hangs: "
@@ -146,6 +143,22 @@ async def _serve_locked(cfg: MountConfig, cache_dir: str, on_ready: Callable[[],
             pyfuse3.close(unmount=True)
             log.info("unmounted %s: %s", cfg.mountpoint, why)
         core.cancel()
+
+
+def _probe_check(cfg: MountConfig) -> Callable[[], None]:
+    """The health probe's bucket check: one attempt and short timeouts, on a client of its
+    own, made at the first probe (most mounts never need one; a boto3 client costs ~0.2 s
+    of CPU at start)."""
+    probe = cfg.model_copy(update={"backend_timeout": PROBE_TIMEOUT_S, "backend_retries": 1,
+                                   "backend_concurrency": 1, "warm_concurrency": 1})
+    client: list = []  # the probes run one at a time (health.py), so no lock
+
+    def check() -> None:
+        if not client:
+            client.append(open_backend(probe))
+        client[0].check()
+
+    return check
 
 
 async def _check_store(cfg: MountConfig, cache_dir: str, backend: AsyncBackend,

@@ -1,6 +1,6 @@
 """Soak (issue 9): mixed cold reads, warm reads, default and --writeback writes through the
 fault proxy, with random faults of every kind (and one outage), for TIERFS_SOAK_SECONDS
-(default 90). At the end: both daemons alive, 0 wrong bytes served, 0 acknowledged files
+(default 60). At the end: both daemons alive, 0 wrong bytes served, 0 acknowledged files
 missing or different in the bucket once the store is healthy (without a remount), no
 multipart upload left (an upload whose Abort failed is left to the next mount's orphan
 cleanup: the test mounts once more if the unmount left one).
@@ -30,7 +30,7 @@ import time
 import fkit
 from fkit import KiB, MiB
 
-SECONDS = float(os.environ.get("TIERFS_SOAK_SECONDS", "90"))
+SECONDS = float(os.environ.get("TIERFS_SOAK_SECONDS", "60"))
 SEED = int(os.environ.get("TIERFS_SOAK_SEED", "9"))
 
 # (kind, op kinds, probability, extra parameters)

@@ -138,7 +138,7 @@ requests = st.one_of(
 )
 
 
-@settings(max_examples=100, deadline=None, database=None,
+@settings(max_examples=60, deadline=None, database=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
                                  HealthCheck.data_too_large])
 @given(raw=requests, close_write=st.booleans())

@@ -18,7 +18,7 @@ from tierfs.config import (MAX_ID, OPTIONS, MountConfig, build_config, parse_o_o
                            physical_memory, read_config_file)
 from tierfs.errors import UsageError
 
-FUZZ = settings(max_examples=200, deadline=None, database=None,
+FUZZ = settings(max_examples=100, deadline=None, database=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 
 # what people type: sizes, durations, numbers at and beyond every edge, URLs, odd text

@@ -32,7 +32,7 @@ import pytest
 import wkit
 from rgw import delete_bucket
 
-TRIALS = int(os.environ.get("TIERFS_CRASH_TRIALS", "20"))  # per mode
+TRIALS = int(os.environ.get("TIERFS_CRASH_TRIALS", "10"))  # per mode
 MAX_DELAY = 1.5
 WKIT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "wkit.py")
 
