@@ -18,6 +18,14 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # `import rgw, m
 from rgw import delete_bucket, start_rgw  # noqa: E402
 
 
+# item.rep_setup / rep_call: fixtures print a mount's log tail when their test failed
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    rep = outcome.get_result()
+    setattr(item, "rep_" + rep.when, rep)
+
+
 @pytest.fixture(scope="session")
 def rgw():
     server = start_rgw(memstore_bytes=3 << 30)

@@ -23,13 +23,6 @@ import fkit  # noqa: E402
 from proxy import FaultProxy  # noqa: E402
 
 
-@pytest.hookimpl(hookwrapper=True, tryfirst=True)
-def pytest_runtest_makereport(item, call):
-    outcome = yield
-    rep = outcome.get_result()
-    setattr(item, "rep_" + rep.when, rep)
-
-
 @pytest.fixture
 def proxy(rgw):
     p = FaultProxy(rgw.endpoint).start()

@@ -13,25 +13,10 @@ import trio
 from tierfs.errors import IsADirectory, NotADirectory, NotFound, StaleObject
 from tierfs.meta import ROOT_INO
 
-from unitkit import core, sample
+from unitkit import core, resolve, sample, write
 
 KIB = 1 << 10
 CS = 64 * KIB
-
-
-def write(src: str, key: str, data: bytes) -> bytes:
-    path = os.path.join(src, *key.split("/"))
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, "wb") as f:
-        f.write(data)
-    return data
-
-
-async def resolve(ns, path: str):
-    node = ns.inode(ROOT_INO)
-    for part in path.split("/"):
-        node = await ns.lookup(node.ino, part.encode())
-    return node
 
 
 def names(entries):

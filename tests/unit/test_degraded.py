@@ -20,7 +20,7 @@ from tierfs.errors import (AccessDenied, BackendError, NotFound, RecentFailure, 
 from tierfs.meta import ROOT_INO
 
 from faultkit import Action, FaultBackend, Hang, error, unavailable
-from unitkit import core
+from unitkit import core, resolve, write
 
 KIB = 1 << 10
 CS = 64 * KIB  # unitkit's chunk size
@@ -35,21 +35,6 @@ class _Denied(Action):
 def requests(store: FaultBackend) -> int:
     """Calls other than the health's bucket checks."""
     return sum(n for op, n in store.calls.items() if op != "check")
-
-
-def write(src, key: str, data: bytes) -> bytes:
-    path = os.path.join(src, *key.split("/"))
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, "wb") as f:
-        f.write(data)
-    return data
-
-
-async def resolve(ns, path: str):
-    node = ns.inode(ROOT_INO)
-    for part in path.split("/"):
-        node = await ns.lookup(node.ino, part.encode())
-    return node
 
 
 async def until(cond, timeout: float = 5.0) -> None:

@@ -22,7 +22,7 @@ from tierfs.config import MountConfig, Source
 from tierfs.core import Core, build_core
 from tierfs.fetch import Fetcher
 from tierfs.fileio import FileIO
-from tierfs.meta import MetaStore
+from tierfs.meta import ROOT_INO, MetaStore
 from tierfs.metrics import Metrics
 from tierfs.namespace import Namespace
 
@@ -51,6 +51,23 @@ def statvfs_result(total_bytes: int, avail_bytes: int, frsize: int = 4096) -> os
 def plenty_of_space(path: str) -> os.statvfs_result:
     """A 1 PiB filesystem that is half empty: the free-space guard never binds."""
     return statvfs_result(1 << 50, 1 << 49)
+
+
+def write(src: str, key: str, data: bytes) -> bytes:
+    """Put `data` under `key` in a FileBackend's source dir; returns it."""
+    path = os.path.join(src, *key.split("/"))
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "wb") as f:
+        f.write(data)
+    return data
+
+
+async def resolve(ns: Namespace, path: str):
+    """The inode of `path` ("a/b.bin"), looked up name by name from the root."""
+    node = ns.inode(ROOT_INO)
+    for part in path.split("/"):
+        node = await ns.lookup(node.ino, part.encode())
+    return node
 
 
 def sample(metrics: Metrics, name: str, labels: dict[str, str] | None = None) -> float:

@@ -21,13 +21,6 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # `import wkit`
 from wkit import Mounter  # noqa: E402
 
 
-@pytest.hookimpl(hookwrapper=True, tryfirst=True)
-def pytest_runtest_makereport(item, call):
-    outcome = yield
-    rep = outcome.get_result()
-    setattr(item, "rep_" + rep.when, rep)
-
-
 @pytest.fixture
 def s3(rgw):
     return rgw.client()
