@@ -38,8 +38,10 @@ def pmount(request, rgw):
 
 @pytest.fixture
 def d(pmount, request):
-    name = re.sub(r"[^A-Za-z0-9_.-]+", "_", request.node.name).strip("_")[:120]
-    path = pmount.m.path / name
+    # short (a unix socket's path is at most 107 bytes) and unique within the mount
+    pmount.seq = getattr(pmount, "seq", 0) + 1
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "_", request.node.name.removeprefix("test_"))
+    path = pmount.m.path / f"{pmount.seq:03d}_{name.strip('_')[-40:]}"
     offset = pmount.log_size()
     old = os.umask(0o022)
     try:
