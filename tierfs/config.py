@@ -76,6 +76,10 @@ def _size_value(text: object) -> int:
     return int(Decimal(m.group(1)) * _UNITS[(m.group(2) or "").lower()])
 
 
+def _off_or_size(text: object) -> int:
+    return -1 if isinstance(text, str) and text.strip().lower() == "off" else _size_value(text)
+
+
 def _duration_value(text: object) -> float:
     if isinstance(text, bool):
         raise ValueError("expected a duration like 30s, 5m or 1h, not true/false")
@@ -435,6 +439,12 @@ class MountConfig(BaseModel):
     gid: _int_type(0, MAX_ID) = _field(
         None, "int", "0 - 4294967294", "group shown for files and directories",
         default_factory=os.getgid)
+    # LIST entries this small get one HEAD per version, for the type, owner, mode and
+    # times a LIST does not carry (symlinks, special files, small files); directories one
+    # HEAD of their marker when first seen. "off": none (docs/semantics.md, POSIX)
+    meta_head_max_size: Annotated[int, BeforeValidator(_off_or_size),
+                                  AfterValidator(_ranged(-1, 5 << 40, _show_size))] = _field(
+        4096, "size", "0 - 5T, or `off`", "objects this small get one HEAD for their metadata")
     file_mode: Annotated[int, BeforeValidator(_mode_value)] = _field(
         0o644, "mode", "octal, up to 07777", "mode shown for files")
     dir_mode: Annotated[int, BeforeValidator(_mode_value)] = _field(

@@ -175,7 +175,7 @@ def _wire(cfg: MountConfig, metrics: Metrics, backend: AsyncBackend, meta: MetaS
         log.info("%d files with unsaved writes recovered from the journal", recovered)
     ns = Namespace(meta, backend, metrics, root_prefix=cfg.source.prefix,
                    ttl_s=cfg.metadata_ttl, clock=clock, has_local_writes=wb.is_dirty,
-                   tasks=tasks)
+                   tasks=tasks, head_max_size=cfg.meta_head_max_size)
     fileio = FileIO(ns, cache, fetcher, prefetcher, metrics, bucket=cfg.source.bucket,
                     writeback=wb, rename_max_objects=cfg.rename_max_objects)
     warmer = Warmer(ns, cache, fetcher, metrics, bucket=cfg.source.bucket,

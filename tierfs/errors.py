@@ -65,6 +65,22 @@ class NotADirectory(TierfsError):
     errno = errno.ENOTDIR
 
 
+class NameTooLong(TierfsError):
+    """A name over 255 bytes, or a path whose key would pass S3's 1,024 bytes."""
+
+    errno = errno.ENAMETOOLONG
+
+
+class FileTooBig(TierfsError):
+    """A size past S3's largest object (5 TiB)."""
+
+    errno = errno.EFBIG
+
+
+class NotPermitted(TierfsError):
+    errno = errno.EPERM
+
+
 class BackendError(TierfsError):
     """The object store failed after botocore's own retries."""
 

@@ -17,17 +17,19 @@ from __future__ import annotations
 import itertools
 import logging
 import os
+import time
 from dataclasses import dataclass, field
 
 import trio
 
+from .attrs import MAX_FILE_SIZE, Attrs, without_privs
 from .cache import ChunkCache, ObjectVersion
-from .errors import (BackendError, CrossDevice, Exists, InvalidArgument, IsADirectory,
-                     NotADirectory, NotFound, PreconditionFailed, StaleObject)
+from .errors import (BackendError, CrossDevice, Exists, FileTooBig, InvalidArgument,
+                     IsADirectory, NotADirectory, NotFound, PreconditionFailed, StaleObject)
 from .fetch import Fetcher
 from .meta import Inode
 from .metrics import Metrics
-from .namespace import Namespace, metadata_from_attrs
+from .namespace import Caller, Namespace
 from .prefetch import Prefetcher, ReadPattern
 from .writeback import DirtyFile, WriteBack
 
@@ -81,7 +83,7 @@ class FileIO:
         h = OpenFile(next(self._next_fh), node, self._version(node))
         if flags & _WRITE_FLAGS:
             h.dirty = self._open_dirty(node, truncate=bool(flags & os.O_TRUNC))
-            if flags & os.O_TRUNC and h.dirty.size:
+            if flags & os.O_TRUNC:
                 try:
                     await self.wb.truncate(h.dirty, 0)  # type: ignore[union-attr]
                 except BaseException:
@@ -100,10 +102,11 @@ class FileIO:
             raise InvalidArgument("this mount has no write support")
         base = self._version(node) if node.etag and not truncate else None
         return self.wb.open(node.ino, node.key, base, truncate=truncate,
-                            metadata=metadata_from_attrs(node.attrs))
+                            metadata=node.attrs.to_metadata(node.kind))
 
-    async def create(self, parent: int, name: bytes, mode: int) -> tuple[OpenFile, Inode]:
-        node = self.ns.create_file(parent, name, mode & 0o7777)
+    async def create(self, parent: int, name: bytes, perm: int,
+                     caller: Caller = Caller()) -> tuple[OpenFile, Inode]:
+        node = self.ns.create_file(parent, name, perm, caller)
         h = OpenFile(next(self._next_fh), node, self._version(node))
         h.dirty = self._open_dirty(node, truncate=True)
         self._handles[h.fh] = h
@@ -119,6 +122,7 @@ class FileIO:
             await self._release_dirty(h.dirty)
 
     async def _release_dirty(self, d: DirtyFile) -> None:
+        self._save_times(d)
         if await self.wb.release(d):  # type: ignore[union-attr]
             # a failed write's changes were dropped: what the kernel cached of them (pages,
             # size) must not outlive them; the next open asks again
@@ -197,37 +201,90 @@ class FileIO:
         h = self._handles[fh]
         if h.dirty is None:
             raise InvalidArgument("file not opened for writing")
+        if offset + len(data) > MAX_FILE_SIZE:
+            raise FileTooBig(f"{h.node.key!r} would pass 5 TiB, S3's largest object")
         h.wrote = True
-        return await self.wb.write(h.dirty, offset, data)  # type: ignore[union-attr]
+        n = await self.wb.write(h.dirty, offset, data)  # type: ignore[union-attr]
+        await self._drop_privs(h.node.ino)
+        return n
+
+    async def _drop_privs(self, ino: int) -> None:
+        """A write or truncate clears S_ISUID and S_ISGID (Linux, for a caller without
+        CAP_FSETID: a write does not say who writes, so always)."""
+        node = self.ns.inode(ino)
+        mode = node.attrs.mode
+        if mode is not None and without_privs(mode) != mode:
+            await self._set(node, node.attrs.changed(mode=without_privs(mode)))
+
+    def _save_times(self, d: DirtyFile) -> None:
+        """The data's last change becomes the file's mtime and ctime, in the index and in
+        the metadata its upload carries."""
+        if d.changed_ns is None or self.wb is None:
+            return
+        node = self.ns.inode(d.ino)
+        ctime = max(node.attrs.ctime_ns or 0, d.changed_ns)
+        node.attrs = node.attrs.changed(mtime_ns=d.changed_ns, ctime_ns=ctime)
+        self.ns.meta.set_attrs(node.ino, node.attrs)
+        d.changed_ns = None
+        self.wb.set_metadata(d, node.attrs.to_metadata(node.kind))
 
     async def flush(self, fh: int) -> None:
         h = self._handles.get(fh)
         if h is not None and h.dirty is not None and self.wb is not None:
+            self._save_times(h.dirty)
             await self.wb.flush(h.dirty)  # a no-op unless the file has unsaved changes
 
     async def fsync(self, fh: int) -> None:
         h = self._handles.get(fh)
         d = self.wb.get(h.node.ino) if h is not None and self.wb is not None else None
         if d is not None:
+            self._save_times(d)
             await self.wb.commit(d)  # type: ignore[union-attr]
 
     def size_of(self, node: Inode) -> int:
         d = self.wb.get(node.ino) if self.wb is not None else None
         return d.size if d is not None else node.size
 
-    async def setattr(self, ino: int, fh: int | None, *, size: int | None,
-                      attrs: dict) -> Inode:
+    def attrs_of(self, node: Inode) -> Attrs:
+        """A node's attributes, with the time of unsaved data changes."""
+        d = self.wb.get(node.ino) if self.wb is not None else None
+        if d is None or d.changed_ns is None:
+            return node.attrs
+        return node.attrs.changed(mtime_ns=d.changed_ns,
+                                  ctime_ns=max(node.attrs.ctime_ns or 0, d.changed_ns))
+
+    async def setattr(self, ino: int, fh: int | None, caller: Caller = Caller(), *,
+                      size: int | None = None, changes: dict | None = None) -> Inode:
+        """truncate, chmod, chown, utimens (changes: Attrs fields). Who may do what the
+        kernel has checked (default_permissions); this applies what POSIX says follows."""
         node = self.ns.inode(ino)
         if size is not None:
             if node.is_dir:
                 raise IsADirectory(node.key)
+            if size > MAX_FILE_SIZE:
+                raise FileTooBig(f"{size} bytes: S3's largest object is 5 TiB")
             await self._truncate(node, fh, size)
-        if attrs:
-            d = self.wb.get(ino) if self.wb is not None else None
-            node = await self.ns.set_attrs(node, attrs)
-            if d is not None:
-                self.wb.set_metadata(d, metadata_from_attrs(node.attrs))  # type: ignore[union-attr]
+            if caller.uid != 0:
+                await self._drop_privs(ino)
+            if not changes:  # its times follow the data (_save_times)
+                return self.ns.inode(ino)
+        d = self.wb.get(ino) if self.wb is not None else None
+        if d is not None:
+            self._save_times(d)  # a utimens now must win over the time of earlier writes
+        node = self.ns.inode(ino)
+        changes = changes or {}
+        attrs = node.attrs.changed(**changes, ctime_ns=time.time_ns())
+        if (("uid" in changes or "gid" in changes) and not node.is_dir
+                and attrs.mode is not None and "mode" not in changes):
+            attrs.mode = without_privs(attrs.mode)
+        await self._set(node, attrs)
         return self.ns.inode(ino)
+
+    async def _set(self, node: Inode, attrs: Attrs) -> None:
+        d = self.wb.get(node.ino) if self.wb is not None else None
+        node = await self.ns.set_attrs(node, attrs)
+        if d is not None:
+            self.wb.set_metadata(d, node.attrs.to_metadata(node.kind))  # type: ignore[union-attr]
 
     async def _truncate(self, node: Inode, fh: int | None, size: int) -> None:
         h = self._handles.get(fh) if fh is not None else None
@@ -240,6 +297,7 @@ class FileIO:
         d = self._open_dirty(node, truncate=size == 0)
         try:
             await self.wb.truncate(d, size)  # type: ignore[union-attr]
+            self._save_times(d)
             await self.wb.flush(d)  # type: ignore[union-attr]
         finally:
             await self._release_dirty(d)
@@ -279,7 +337,7 @@ class FileIO:
             # S3 has no rename: the source must exist as an object before it is copied
             await self.wb.commit(d)  # type: ignore[union-attr]
             node = self.ns.inode(node.ino)
-        new_key = dest_dir.key + new_name.decode()
+        new_key = self.ns.new_key(dest_dir, new_name)
         old = self._version(node)
         etag = await self.ns.backend.copy(node.key, new_key, node.etag)
         new = ObjectVersion(self.bucket, new_key, etag, node.size)
@@ -308,7 +366,7 @@ class FileIO:
         objects = await self.ns.list_tree(node.key, self.rename_max_objects)
         if objects is None:
             raise CrossDevice(f"{node.key} holds more than {self.rename_max_objects} objects")
-        new_prefix = dest_dir.key + new_name.decode() + "/"
+        new_prefix = self.ns.new_key(dest_dir, new_name, "/")
         limiter = trio.CapacityLimiter(8)
         moved: dict[str, ObjectVersion] = {}
 

@@ -22,13 +22,14 @@ from typing import Any, Callable
 import pyfuse3
 import trio
 
+from .attrs import BLK, CHR, DIR, FILE, SYMLINK, kind_of, type_bits
 from .cache import ChunkCache
 from .config import MountConfig
-from .errors import ReadOnly
+from .errors import InvalidArgument, ReadOnly
 from .fileio import FileIO
-from .meta import SYMLINK, Inode
+from .meta import Inode
 from .metrics import Metrics
-from .namespace import Namespace
+from .namespace import Caller, Namespace
 from .tasks import expected_error, sole_exception
 
 log = logging.getLogger(__name__)
@@ -116,27 +117,41 @@ class FuseOps(pyfuse3.Operations):
         a.generation = 0
         a.entry_timeout = self.cfg.metadata_ttl
         a.attr_timeout = self.cfg.metadata_ttl
-        attrs = node.attrs
+        attrs = self.io.attrs_of(node)
         if node.is_dir:
-            a.st_mode = stat.S_IFDIR | attrs.get("mode", self.cfg.dir_mode)
-            a.st_nlink = 2
-            mtime = attrs.get("mtime", node.mtime or self._started)
-        elif node.kind == SYMLINK:
-            a.st_mode = stat.S_IFLNK | 0o777
-            a.st_nlink = 1
-            mtime = node.mtime
+            perm = self.cfg.dir_mode if attrs.mode is None else attrs.mode
+            # 2 + subdirectories once listed; 1 ("unknown", as btrfs) before: tools that
+            # count on nlink must not skip what the index has not seen yet
+            listed = self.ns.meta.dir_listed_at(node.ino) is not None
+            a.st_nlink = 2 + self.ns.meta.subdirs(node.ino) if listed else 1
         else:
-            a.st_mode = stat.S_IFREG | attrs.get("mode", self.cfg.file_mode)
-            a.st_nlink = 1
-            mtime = attrs.get("mtime", node.mtime)
+            perm = self.cfg.file_mode if attrs.mode is None else attrs.mode
+            if node.kind == SYMLINK:
+                perm = 0o777
+            a.st_nlink = 1 if node.linked else 0
+        a.st_mode = type_bits(node.kind) | perm
+        a.st_rdev = attrs.rdev
         a.st_size = self.io.size_of(node)
-        a.st_uid = attrs.get("uid", self.cfg.uid)
-        a.st_gid = attrs.get("gid", self.cfg.gid)
-        ns = int(mtime * 1e9)
-        a.st_atime_ns = a.st_mtime_ns = a.st_ctime_ns = ns
+        a.st_uid = self.cfg.uid if attrs.uid is None else attrs.uid
+        a.st_gid = self.cfg.gid if attrs.gid is None else attrs.gid
+        # no times of our own: the LIST's mtime (a directory's: when this mount started)
+        base = int((node.mtime or self._started) * 1e9)
+        a.st_mtime_ns = base if attrs.mtime_ns is None else attrs.mtime_ns
+        a.st_atime_ns = a.st_mtime_ns if attrs.atime_ns is None else attrs.atime_ns
+        a.st_ctime_ns = a.st_mtime_ns if attrs.ctime_ns is None else attrs.ctime_ns
         a.st_blksize = self.cache.block_size
         a.st_blocks = -(-a.st_size // 512)
         return a
+
+    @staticmethod
+    def _caller(ctx: Any) -> Caller:
+        return Caller(ctx.uid, ctx.gid)
+
+    @staticmethod
+    def _perm(mode: int, ctx: Any) -> int:
+        # the kernel applies the umask unless the filesystem asked to (FUSE_DONT_MASK);
+        # applying it again changes nothing
+        return mode & 0o7777 & ~ctx.umask
 
     def _writable(self) -> None:
         if self.cfg.read_only:
@@ -216,7 +231,8 @@ class FuseOps(pyfuse3.Operations):
     async def create(self, parent_inode: int, name: bytes, mode: int, flags: int,
                      ctx: Any) -> tuple[pyfuse3.FileInfo, pyfuse3.EntryAttributes]:
         self._writable()
-        h, node = await self.io.create(parent_inode, name, mode)
+        h, node = await self.io.create(parent_inode, name, self._perm(mode, ctx),
+                                       self._caller(ctx))
         return pyfuse3.FileInfo(fh=h.fh), self._attrs(node)
 
     @_op("write")
@@ -245,18 +261,32 @@ class FuseOps(pyfuse3.Operations):
             changes["uid"] = attr.st_uid
         if fields.update_gid:
             changes["gid"] = attr.st_gid
+        if fields.update_atime:
+            changes["atime_ns"] = attr.st_atime_ns
         if fields.update_mtime:
-            changes["mtime"] = attr.st_mtime_ns / 1e9
+            changes["mtime_ns"] = attr.st_mtime_ns
         size = attr.st_size if fields.update_size else None
-        if changes or size is not None:
-            self._writable()
-        return self._attrs(await self.io.setattr(inode, fh, size=size, attrs=changes))
+        self._writable()
+        node = await self.io.setattr(inode, fh, self._caller(ctx), size=size, changes=changes)
+        return self._attrs(node)
 
     @_op("mkdir")
     async def mkdir(self, parent_inode: int, name: bytes, mode: int,
                     ctx: Any) -> pyfuse3.EntryAttributes:
         self._writable()
-        return self._attrs(await self.ns.mkdir(parent_inode, name))
+        node = await self.ns.mkdir(parent_inode, name, self._perm(mode, ctx), self._caller(ctx))
+        return self._attrs(node)
+
+    @_op("mknod")
+    async def mknod(self, parent_inode: int, name: bytes, mode: int, rdev: int,
+                    ctx: Any) -> pyfuse3.EntryAttributes:
+        self._writable()
+        kind = FILE if stat.S_IFMT(mode) == 0 else kind_of(mode)
+        if kind is None or kind == DIR:
+            raise InvalidArgument(f"mknod of type {stat.S_IFMT(mode):o}")
+        node = await self.ns.mknod(parent_inode, name, kind, self._perm(mode, ctx),
+                                   rdev if kind in (CHR, BLK) else 0, self._caller(ctx))
+        return self._attrs(node)
 
     @_op("rmdir")
     async def rmdir(self, parent_inode: int, name: bytes, ctx: Any) -> None:
@@ -278,15 +308,14 @@ class FuseOps(pyfuse3.Operations):
     async def symlink(self, parent_inode: int, name: bytes, target: bytes,
                       ctx: Any) -> pyfuse3.EntryAttributes:
         self._writable()
-        return self._attrs(await self.ns.symlink(parent_inode, name, target))
+        return self._attrs(await self.ns.symlink(parent_inode, name, target, self._caller(ctx)))
 
     @_op("readlink")
     async def readlink(self, inode: int, ctx: Any) -> bytes:
         return await self.ns.readlink(inode)
 
-    # no hard links or device nodes on an object store; no extended attributes (yet)
+    # no hard links on an object store (POSIX allows EPERM); no extended attributes (yet)
     link = _unsupported("link", errno.EPERM)
-    mknod = _unsupported("mknod", errno.EPERM)
     setxattr = _unsupported("setxattr", errno.ENOTSUP)
     getxattr = _unsupported("getxattr", errno.ENODATA)
     listxattr = _unsupported("listxattr", errno.ENOTSUP)

@@ -8,8 +8,9 @@ Named databases (keys are ordered binary, big-endian integers first):
   dirs      dir ino -> time its complete listing was stored
   chunks    object id (16 bytes) + chunk index (u32) -> length, heat, last access, crc32s
   objects   object id -> bucket, key, etag, size (for reports and evict-by-path)
-  attrs     ino -> JSON of what S3 listings do not carry: mode, uid, gid, mtime, symlink
-            target (set through this mount, or read from object metadata by HEAD)
+  attrs     ino -> tierfs.attrs.Attrs as JSON: what S3 listings do not carry (mode, owner,
+            times, rdev, a symlink's target), set through this mount or read from object
+            metadata by HEAD
   pins      owner ("job:42", "manual") -> JSON {expires, objects: {oid hex: size}}:
             what `tierfs warm --pin` keeps from eviction, kept across restarts
 
@@ -48,6 +49,7 @@ from typing import Callable, Iterable, Iterator
 
 import lmdb
 
+from .attrs import DIR, FILE, SPECIAL, SYMLINK, Attrs
 from .errors import StartupError
 from .journal import JOURNAL_NAME, RECOVERY_HINT, Journal, JournalDamaged
 
@@ -55,7 +57,6 @@ log = logging.getLogger(__name__)
 
 SCHEMA_VERSION = 1
 ROOT_INO = 1
-DIR, FILE, SYMLINK = 1, 2, 3
 
 _U64 = struct.Struct(">Q")
 _INODE = struct.Struct("<BQQddH")  # kind, parent, size, mtime, validated_at, len(etag)
@@ -66,13 +67,14 @@ _CHUNK = struct.Struct("<Idd")  # length, heat, last access; then one crc32 per 
 class Inode:
     ino: int
     parent: int
-    kind: int  # DIR or FILE
+    kind: int  # DIR, FILE, SYMLINK or a special file (tierfs.attrs)
     size: int
     mtime: float
     etag: str  # "" for directories
     key: str  # full object key (directories: the prefix, ending with "/"; root: "")
     validated_at: float  # last time a LIST/HEAD confirmed this entry
-    attrs: dict = field(default_factory=dict)  # from the attrs DB, not packed here
+    attrs: Attrs = field(default_factory=Attrs)  # from the attrs DB, not packed here
+    linked: bool = True  # False once its name is gone (unlinked, replaced): nlink 0
 
     @property
     def is_dir(self) -> bool:
@@ -316,6 +318,7 @@ class MetaStore:
     def __init__(self, path: str, source: str, *, map_size: int = 16 << 30,
                  probe_timeout_s: float = PROBE_TIMEOUT_S) -> None:
         self.path = path
+        self._subdirs: dict[int, int] = {}  # dir ino -> subdirectories in the index
         cache_dir = os.path.dirname(os.path.abspath(path))
         jpath = os.path.join(cache_dir, JOURNAL_NAME)
         # a damaged journal is the first thing to know: nothing else is touched then
@@ -547,7 +550,10 @@ class MetaStore:
         node = Inode.unpack(ino, raw)
         attrs = txn.get(_u64(ino), db=self._attrs)
         if attrs is not None:
-            node.attrs = json.loads(attrs)
+            node.attrs = Attrs.from_json(attrs)
+        if ino != ROOT_INO:
+            name = node.key.rstrip("/").rpartition("/")[2].encode()
+            node.linked = txn.get(_u64(node.parent) + name, db=self._dentries) == _u64(ino)
         return node
 
     def inode(self, ino: int) -> Inode | None:
@@ -579,8 +585,19 @@ class MetaStore:
             raw = txn.get(_u64(ino))
         return struct.unpack("<d", raw)[0] if raw is not None else None
 
+    def subdirs(self, ino: int) -> int:
+        """How many subdirectories the index holds for a directory (its nlink - 2),
+        remembered until one of its entries changes."""
+        count = self._subdirs.get(ino)
+        if count is None:
+            count = sum(1 for _, node in self.children(ino) if node.kind == DIR)
+            self._subdirs[ino] = count
+        return count
+
     def _upsert(self, txn: lmdb.Transaction, parent: int, name: bytes, kind: int, size: int,
-                mtime: float, etag: str, key: str, now: float) -> Inode:
+                mtime: float, etag: str, key: str, now: float,
+                attrs: Attrs | None = None) -> Inode:
+        self._subdirs.pop(parent, None)
         dkey = _u64(parent) + name
         raw_ino = txn.get(dkey, db=self._dentries)
         ino = None
@@ -588,9 +605,11 @@ class MetaStore:
             ino = _U64.unpack(raw_ino)[0]
             raw_old = txn.get(raw_ino, db=self._inodes)
             old = Inode.unpack(ino, raw_old) if raw_old is not None else None
-            # a listing shows a symlink as a plain object: the same version stays a symlink
-            if old is not None and old.kind == SYMLINK and kind == FILE and old.etag == etag:
-                kind = SYMLINK
+            # a listing shows a symlink or a special file as a plain object: the same
+            # version keeps the kind its metadata gave it
+            if (old is not None and (old.kind == SYMLINK or old.kind in SPECIAL)
+                    and kind == FILE and old.etag == etag):
+                kind = old.kind
             # a name that changed kind gets a new inode: the kernel caches an inode's type
             if old is None or old.kind != kind:
                 ino = None
@@ -600,17 +619,24 @@ class MetaStore:
             txn.put(dkey, _u64(ino), db=self._dentries)
         node = Inode(ino, parent, kind, size, mtime, etag, key, now)
         txn.put(_u64(ino), node.pack(), db=self._inodes)
-        attrs = txn.get(_u64(ino), db=self._attrs)
         if attrs is not None:
-            node.attrs = json.loads(attrs)
+            txn.put(_u64(ino), attrs.to_json(), db=self._attrs)
+            node.attrs = attrs
+        else:
+            raw = txn.get(_u64(ino), db=self._attrs)
+            if raw is not None:
+                node.attrs = Attrs.from_json(raw)
         return node
 
     def upsert(self, parent: int, name: bytes, kind: int, size: int, mtime: float, etag: str,
-               key: str, now: float) -> Inode:
+               key: str, now: float, attrs: Attrs | None = None) -> Inode:
+        """Create or update the entry `name` of `parent`; attrs, when given, replace the
+        node's."""
         with self.env.begin(write=True) as txn:
-            return self._upsert(txn, parent, name, kind, size, mtime, etag, key, now)
+            return self._upsert(txn, parent, name, kind, size, mtime, etag, key, now, attrs)
 
     def remove(self, parent: int, name: bytes) -> None:
+        self._subdirs.pop(parent, None)
         with self.env.begin(write=True, db=self._dentries) as txn:
             txn.delete(_u64(parent) + name)
 
@@ -619,7 +645,7 @@ class MetaStore:
                       since: float | None = None) -> None:
         """Replace a directory's children with a complete listing, in one transaction.
 
-        entries: (name, kind, size, mtime, etag, key). Names no longer listed lose their
+        entries: (name, kind, size, mtime, etag, key[, attrs]). Names no longer listed lose their
         dentry; their inode records stay so open handles and the kernel keep working.
         Entries for which keep(ino) is true (files with unsaved writes) are left alone:
         local writes win over what the bucket still shows. So are entries validated after
@@ -627,6 +653,7 @@ class MetaStore:
         started, such as an upload that finished while its pages were being read.
         """
         prefix = _u64(parent)
+        self._subdirs.pop(parent, None)
         with self.env.begin(write=True) as txn:
             if since is not None:
                 base_keep = keep
@@ -636,12 +663,14 @@ class MetaStore:
                     return base_keep(ino) or (
                         raw is not None and Inode.unpack(ino, raw).validated_at > since)
             seen = set()
-            for name, kind, size, mtime, etag, key in entries:
+            for entry in entries:
+                name, kind, size, mtime, etag, key = entry[:6]
                 seen.add(name)
                 cur = txn.get(prefix + name, db=self._dentries)
                 if cur is not None and keep(_U64.unpack(cur)[0]):
                     continue
-                self._upsert(txn, parent, name, kind, size, mtime, etag, key, now)
+                self._upsert(txn, parent, name, kind, size, mtime, etag, key, now,
+                             entry[6] if len(entry) > 6 else None)
             cur = txn.cursor(db=self._dentries)
             stale = []
             if cur.set_range(prefix):
@@ -658,16 +687,15 @@ class MetaStore:
         with self.env.begin(write=True, db=self._inodes) as txn:
             txn.put(_u64(node.ino), node.pack())
 
-    def set_attrs(self, ino: int, attrs: dict) -> None:
+    def set_attrs(self, ino: int, attrs: Attrs) -> None:
         with self.env.begin(write=True, db=self._attrs) as txn:
-            if attrs:
-                txn.put(_u64(ino), json.dumps(attrs).encode())
-            else:
-                txn.delete(_u64(ino))
+            txn.put(_u64(ino), attrs.to_json())
 
     def move(self, node: Inode, new_parent: int, new_name: bytes, new_key: str) -> Inode:
         """Rename: the inode keeps its number under its new name (replacing any entry)."""
         old_name = node.key.rstrip("/").rpartition("/")[2].encode()
+        self._subdirs.pop(node.parent, None)
+        self._subdirs.pop(new_parent, None)
         with self.env.begin(write=True) as txn:
             txn.delete(_u64(node.parent) + old_name, db=self._dentries)
             txn.put(_u64(new_parent) + new_name, _u64(node.ino), db=self._dentries)

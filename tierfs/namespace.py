@@ -18,23 +18,31 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import trio
 from cachetools import TTLCache
 
+from .attrs import (DIR, FILE, MAX_KEY, MAX_NAME, SPECIAL, SYMLINK, Attrs, for_new,
+                    from_metadata)
 from .backend.base import ObjectMeta
 from .backend.runner import AsyncBackend
-from .errors import (AccessDenied, BackendError, InvalidArgument, IsADirectory, NoSuchBucket,
-                     NotADirectory, NotEmpty, NotFound, PreconditionFailed, StoreDown,
-                     TierfsError)
-from .meta import DIR, FILE, ROOT_INO, SYMLINK, Inode, MetaStore
+from .errors import (AccessDenied, BackendError, InvalidArgument, IsADirectory, NameTooLong,
+                     NoSuchBucket, NotADirectory, NotEmpty, NotFound, PreconditionFailed,
+                     StoreDown, TierfsError)
+from .meta import ROOT_INO, Inode, MetaStore
 from .metrics import Metrics
 from .tasks import Tasks, leaves
 
 log = logging.getLogger(__name__)
 
-MAX_NAME = 255
+HEAD_CONCURRENCY = 16  # metadata HEADs of one listing in flight at once
+
+
+class Caller(NamedTuple):
+    """Who asks (the FUSE request's context): new nodes belong to them."""
+    uid: int = 0
+    gid: int = 0
 
 
 def _no_answer(exc: BaseException) -> bool:
@@ -48,8 +56,11 @@ class Namespace:
     def __init__(self, meta: MetaStore, backend: AsyncBackend, metrics: Metrics, *,
                  root_prefix: str, ttl_s: float, clock: Callable[[], float] = time.time,
                  has_local_writes: Callable[[int], bool] = lambda ino: False,
-                 tasks: Tasks | None = None) -> None:
+                 tasks: Tasks | None = None, head_max_size: int = -1) -> None:
         self.meta = meta
+        # objects up to this size get one HEAD per version for their metadata (type,
+        # owner, mode, times; -1: none); directories one HEAD of their marker when first seen
+        self.head_max_size = head_max_size
         # where background listings run; without one, lookups stay targeted only
         self._tasks = tasks
         self._listing_soon: set[int] = set()
@@ -140,7 +151,7 @@ class Namespace:
     async def _list_into(self, d: Inode) -> None:
         prefix = d.key
         started = self._clock()
-        files: dict[str, tuple] = {}
+        files: dict[str, ObjectMeta] = {}
         dirs: set[str] = set()
         token = None
         while True:
@@ -150,7 +161,7 @@ class Namespace:
                 if name == "":
                     continue  # the directory's own marker object
                 if self._valid_name(name, o.key):
-                    files[name] = (o.size, o.mtime, o.etag, o.key)
+                    files[name] = o
             for p in page.prefixes:
                 name = p[len(prefix):-1]
                 if self._valid_name(name, p):
@@ -158,12 +169,67 @@ class Namespace:
             token = page.next_token
             if token is None:
                 break
+        for n in dirs:
+            files.pop(n, None)  # a name that is both: the directory wins
+        found = await self._read_metadata(d.ino, files, dirs)
         now = self._clock()
-        entries = [(n.encode(), DIR, 0, now, "", prefix + n + "/") for n in dirs]
-        entries += [(n.encode(), FILE, s, m, e, k) for n, (s, m, e, k) in files.items()
-                    if n not in dirs]  # a name that is both: the directory wins
+        entries = [(n.encode(), DIR, 0, now, "", prefix + n + "/", found.get(n)) for n in dirs]
+        for n, o in files.items():
+            kind, attrs = found.get(n, (FILE, None))
+            entries.append((n.encode(), kind, o.size, o.mtime, o.etag, o.key, attrs))
         self.meta.store_listing(d.ino, entries, now, keep=self._local, since=started)
         self._stale_logged.pop(d.ino, None)
+
+    def _wants_head(self, parent: int, name: str, obj: ObjectMeta | None) -> bool:
+        """Is an entry's metadata worth a HEAD? Only small objects (symlinks, special
+        files, small files: their type and owner cannot be told from a LIST) and
+        directories, once per version: what the index already read is not asked again."""
+        if self.head_max_size < 0 or (obj is not None and obj.size > self.head_max_size):
+            return False
+        node = self.meta.child(parent, name.encode())
+        if node is None:
+            return True
+        if obj is None:
+            return node.attrs.seen is None
+        return node.attrs.seen != obj.etag and not self._local(node.ino)
+
+    async def _read_metadata(self, parent: int, files: dict[str, ObjectMeta],
+                             dirs: set[str] | frozenset = frozenset()) -> dict:
+        """HEAD what _wants_head picks, HEAD_CONCURRENCY at a time: {name: (kind, Attrs)}
+        for objects, {name: Attrs} for directories (their marker; a directory that is only
+        a prefix gets empty attrs, so it is not asked again)."""
+        found: dict = {}
+        limiter = trio.CapacityLimiter(HEAD_CONCURRENCY)
+        prefix = self.inode(parent).key
+
+        async def head(name: str, obj: ObjectMeta | None) -> None:
+            async with limiter:
+                key = obj.key if obj is not None else prefix + name + "/"
+                try:
+                    meta = await self.backend.head(key)
+                except NotFound:
+                    if obj is None:
+                        found[name] = Attrs(seen="")
+                    return
+                except TierfsError as exc:  # metadata is not worth failing a listing for
+                    log.debug("HEAD %r for its metadata failed: %s", key, exc)
+                    return
+                kind, attrs = from_metadata(meta.metadata or {}, meta.etag)
+                if obj is None:
+                    found[name] = attrs
+                elif obj.etag == meta.etag:  # the same version the LIST showed
+                    if kind not in (FILE, SYMLINK) and kind not in SPECIAL:
+                        kind = FILE
+                    found[name] = (kind, attrs)
+
+        async with trio.open_nursery() as n:
+            for name, obj in files.items():
+                if self._wants_head(parent, name, obj):
+                    n.start_soon(head, name, obj)
+            for name in dirs:
+                if self._wants_head(parent, name, None):
+                    n.start_soon(head, name, None)
+        return found
 
     async def lookup(self, parent: int, name: bytes) -> Inode:
         d = self._dir(parent)
@@ -171,7 +237,8 @@ class Namespace:
             sname = name.decode()
         except UnicodeDecodeError:
             raise NotFound("name is not UTF-8") from None
-        if sname in ("", ".", "..") or len(name) > MAX_NAME or "/" in sname:
+        self._check_length(d, name)
+        if sname in ("", ".", "..") or "/" in sname:
             raise NotFound(f"{sname!r}")
         if self._fresh(self.meta.dir_listed_at(parent)):
             node = self.meta.child(parent, name)
@@ -238,13 +305,16 @@ class Namespace:
                 raise errors[0] from None
             raise
         self._stale_logged.pop(d.ino, None)
-        now = self._clock()
         if found.get("dir"):
-            return self.meta.upsert(d.ino, name, DIR, 0, now, "", key + "/", now)
+            attrs = (await self._read_metadata(d.ino, {}, {sname})).get(sname)
+            now = self._clock()
+            return self.meta.upsert(d.ino, name, DIR, 0, now, "", key + "/", now, attrs)
         obj = found.get("file")
-        if obj is not None:
-            return self.meta.upsert(d.ino, name, FILE, obj.size, obj.mtime, obj.etag,  # type: ignore[attr-defined]
-                                    key, now)
+        if isinstance(obj, ObjectMeta):
+            kind, attrs = (await self._read_metadata(d.ino, {sname: obj})).get(sname, (FILE, None))
+            now = self._clock()
+            return self.meta.upsert(d.ino, name, kind, obj.size, obj.mtime, obj.etag, key, now,
+                                    attrs)
         self.meta.remove(d.ino, name)
         self._negative[(d.ino, name)] = True
         raise NotFound(key)
@@ -266,8 +336,8 @@ class Namespace:
         node.size, node.mtime, node.etag = meta.size, meta.mtime, meta.etag
         node.validated_at = self._clock()
         self.meta.set_validated(node)
-        attrs = attrs_from_metadata(meta.metadata or {})
-        if attrs and attrs != node.attrs:
+        if node.attrs.seen != meta.etag:  # another version: its metadata is the truth
+            _, attrs = from_metadata(meta.metadata or {}, meta.etag)
             node.attrs = attrs
             self.meta.set_attrs(node.ino, attrs)
         return node
@@ -279,36 +349,86 @@ class Namespace:
 
     # ---- changes (the FUSE layer has checked read-only and permissions) -----------------
 
-    def _name(self, name: bytes) -> str:
+    def _check_length(self, d: Inode, name: bytes) -> None:
+        if len(name) > MAX_NAME:
+            raise NameTooLong(f"a name of {len(name)} bytes (at most {MAX_NAME})")
+        if len(d.key.encode()) + len(name) > MAX_KEY:
+            raise NameTooLong(f"the key {d.key!r} + {len(name)} bytes would pass S3's "
+                              f"{MAX_KEY} bytes")
+
+    def new_key(self, d: Inode, name: bytes, suffix: str = "") -> str:
+        """The key of a new entry `name` of directory d (+ suffix: "/" for a directory)."""
+        self._check_length(d, name + suffix.encode())
         try:
             sname = name.decode()
         except UnicodeDecodeError:
             raise InvalidArgument("names must be UTF-8 (S3 keys are)") from None
-        if sname in ("", ".", "..") or "/" in sname or len(name) > MAX_NAME:
+        if sname in ("", ".", "..") or "/" in sname:
             raise InvalidArgument(f"{sname!r} cannot be a key segment")
-        return sname
+        return d.key + sname + suffix
 
-    def create_file(self, parent: int, name: bytes, mode: int = 0) -> Inode:
+    def _now_ns(self) -> int:
+        return int(self._clock() * 1e9)
+
+    def touch(self, node: Inode, *, data: bool = False, now_ns: int | None = None) -> Inode:
+        """ctime (and with data=True mtime) to now: a directory whose entries changed, a
+        node whose attributes changed. Kept in the index only (docs/semantics.md)."""
+        now_ns = self._now_ns() if now_ns is None else now_ns
+        node.attrs = node.attrs.changed(ctime_ns=now_ns,
+                                        mtime_ns=now_ns if data else node.attrs.mtime_ns)
+        if node.attrs.mtime_ns is None:  # keep what stat showed: the LIST's time
+            node.attrs.mtime_ns = int(node.mtime * 1e9)
+        self.meta.set_attrs(node.ino, node.attrs)
+        return node
+
+    def _new_attrs(self, d: Inode, kind: int, perm: int, caller: Caller,
+                   rdev: int = 0) -> Attrs:
+        return for_new(kind, perm, caller.uid, caller.gid, d.attrs, self._now_ns(), rdev)
+
+    def _created(self, d: Inode, name: bytes, kind: int, size: int, etag: str, key: str,
+                 attrs: Attrs) -> Inode:
+        now = self._clock()
+        self._negative.pop((d.ino, name), None)
+        node = self.meta.upsert(d.ino, name, kind, size, now, etag, key, now, attrs)
+        self.touch(d, data=True, now_ns=attrs.ctime_ns)
+        return node
+
+    def create_file(self, parent: int, name: bytes, perm: int, caller: Caller = Caller()) -> Inode:
         """A new, empty file known only here until its first upload."""
         d = self._dir(parent)
-        key = d.key + self._name(name)
-        now = self._clock()
-        self._negative.pop((parent, name), None)
-        node = self.meta.upsert(parent, name, FILE, 0, now, "", key, now)
-        if mode:
-            node.attrs = {"mode": mode}
-            self.meta.set_attrs(node.ino, node.attrs)
+        key = self.new_key(d, name)
+        return self._created(d, name, FILE, 0, "", key, self._new_attrs(d, FILE, perm, caller))
+
+    async def mkdir(self, parent: int, name: bytes, perm: int, caller: Caller = Caller()) -> Inode:
+        d = self._dir(parent)
+        key = self.new_key(d, name, "/")
+        attrs = self._new_attrs(d, DIR, perm, caller)
+        # the marker makes an empty directory exist and carries its attributes
+        meta = await self.backend.put(key, b"", attrs.to_metadata(DIR))
+        attrs.seen = meta.etag
+        node = self._created(d, name, DIR, 0, "", key, attrs)
+        self.meta.store_listing(node.ino, [], self._clock())  # known empty: no LIST needed
         return node
 
-    async def mkdir(self, parent: int, name: bytes) -> Inode:
+    async def mknod(self, parent: int, name: bytes, kind: int, perm: int, rdev: int,
+                    caller: Caller = Caller()) -> Inode:
+        """A fifo, socket or device node (or an empty regular file): an empty object whose
+        metadata says what it is (the mount is nodev: a device is a name and a number)."""
         d = self._dir(parent)
-        key = d.key + self._name(name) + "/"
-        await self.backend.put(key, b"")  # the marker makes an empty directory exist
-        now = self._clock()
-        self._negative.pop((parent, name), None)
-        node = self.meta.upsert(parent, name, DIR, 0, now, "", key, now)
-        self.meta.store_listing(node.ino, [], now)  # known empty: no LIST needed
-        return node
+        key = self.new_key(d, name)
+        attrs = self._new_attrs(d, kind, perm, caller, rdev)
+        meta = await self.backend.put(key, b"", attrs.to_metadata(kind))
+        attrs.seen = meta.etag
+        return self._created(d, name, kind, 0, meta.etag, key, attrs)
+
+    async def symlink(self, parent: int, name: bytes, target: bytes, caller: Caller = Caller()) -> Inode:
+        d = self._dir(parent)
+        key = self.new_key(d, name)
+        attrs = self._new_attrs(d, SYMLINK, 0o777, caller)
+        meta = await self.backend.put(key, target, attrs.to_metadata(SYMLINK))
+        attrs.symlink = target.decode(errors="surrogateescape")
+        attrs.seen = meta.etag
+        return self._created(d, name, SYMLINK, len(target), meta.etag, key, attrs)
 
     async def rmdir(self, parent: int, name: bytes) -> None:
         node = await self.lookup(parent, name)
@@ -323,6 +443,7 @@ class Namespace:
         self.meta.remove(parent, name)
         self.meta.forget_listing(node.ino)
         self._negative[(parent, name)] = True
+        self.touch(self.inode(parent), data=True)
 
     async def unlink(self, parent: int, name: bytes) -> Inode:
         node = await self.lookup(parent, name)
@@ -332,35 +453,31 @@ class Namespace:
             await self.backend.delete(node.key)
         self.meta.remove(parent, name)
         self._negative[(parent, name)] = True
-        return node
-
-    async def symlink(self, parent: int, name: bytes, target: bytes) -> Inode:
-        d = self._dir(parent)
-        key = d.key + self._name(name)
-        attrs = {"symlink": target.decode(errors="surrogateescape")}
-        meta = await self.backend.put(key, target, metadata_from_attrs(attrs))
-        now = self._clock()
-        self._negative.pop((parent, name), None)
-        node = self.meta.upsert(parent, name, SYMLINK, len(target), now, meta.etag, key, now)
-        self.meta.set_attrs(node.ino, attrs)
-        node.attrs = attrs
-        return node
+        now_ns = self._now_ns()
+        self.touch(self.inode(parent), data=True, now_ns=now_ns)
+        return self.touch(node, now_ns=now_ns)  # an open file's ctime moves too
 
     async def readlink(self, ino: int) -> bytes:
         node = self.inode(ino)
-        if "symlink" not in node.attrs:
+        if node.attrs.symlink is None:
             target = await self.backend.get(node.key, 0, node.size, node.etag)
-            node.attrs["symlink"] = target.decode(errors="surrogateescape")
+            node.attrs.symlink = target.decode(errors="surrogateescape")
             self.meta.set_attrs(ino, node.attrs)
-        return node.attrs["symlink"].encode(errors="surrogateescape")
+        return node.attrs.symlink.encode(errors="surrogateescape")
 
-    async def set_attrs(self, node: Inode, changes: dict) -> Inode:
-        """chmod/chown/utimens: kept in the index and, for uploaded files, in S3 metadata."""
-        attrs = {**node.attrs, **changes}
-        if node.kind == FILE and node.etag and not self._local(node.ino):
-            # S3 cannot edit metadata: copy the object onto itself with the new metadata
-            etag = await self.backend.copy(node.key, node.key, node.etag, metadata_from_attrs(attrs))
+    async def set_attrs(self, node: Inode, attrs: Attrs) -> Inode:
+        """chmod/chown/utimens: kept in the index and in S3 metadata: an uploaded object is
+        copied onto itself with the new metadata (S3 cannot edit it), a directory's marker
+        is written again (made, if the directory was only a prefix). A file with unsaved
+        writes carries them in its next upload (the caller gives them to its DirtyFile)."""
+        if node.is_dir and node.ino != ROOT_INO:
+            meta = await self.backend.put(node.key, b"", attrs.to_metadata(DIR))
+            attrs.seen = meta.etag
+        elif not node.is_dir and node.etag and not self._local(node.ino):
+            etag = await self.backend.copy(node.key, node.key, node.etag,
+                                           attrs.to_metadata(node.kind))
             node.etag, node.validated_at = etag, self._clock()
+            attrs.seen = etag
             self.meta.set_validated(node)
         node.attrs = attrs
         self.meta.set_attrs(node.ino, attrs)
@@ -381,35 +498,10 @@ class Namespace:
 
     def renamed(self, node: Inode, new_parent: int, new_name: bytes, new_key: str) -> Inode:
         self._negative.pop((new_parent, new_name), None)
-        self._negative[(node.parent, node.key.rstrip("/").rpartition("/")[2].encode())] = True
-        return self.meta.move(node, new_parent, new_name, new_key)
-
-
-# chmod/chown/utimens and symlinks travel with the object as user metadata
-_META_KEYS = {"mode": "tierfs-mode", "uid": "tierfs-uid", "gid": "tierfs-gid",
-              "mtime": "tierfs-mtime", "symlink": "tierfs-symlink"}
-
-
-def metadata_from_attrs(attrs: dict) -> dict[str, str]:
-    out = {}
-    for k, v in attrs.items():
-        if k == "symlink":
-            out[_META_KEYS[k]] = "1"  # the target is the object's content
-        elif k in _META_KEYS:
-            out[_META_KEYS[k]] = oct(v) if k == "mode" else str(v)
-    return out
-
-
-def attrs_from_metadata(metadata: dict[str, str]) -> dict:
-    out: dict = {}
-    try:
-        if "tierfs-mode" in metadata:
-            out["mode"] = int(metadata["tierfs-mode"], 8)
-        for k in ("uid", "gid"):
-            if f"tierfs-{k}" in metadata:
-                out[k] = int(metadata[f"tierfs-{k}"])
-        if "tierfs-mtime" in metadata:
-            out["mtime"] = float(metadata["tierfs-mtime"])
-    except ValueError:
-        log.warning("ignoring malformed tierfs metadata %r", metadata)
-    return out
+        old_parent = node.parent
+        self._negative[(old_parent, node.key.rstrip("/").rpartition("/")[2].encode())] = True
+        node = self.meta.move(node, new_parent, new_name, new_key)
+        now_ns = self._now_ns()
+        for ino in {old_parent, new_parent}:
+            self.touch(self.inode(ino), data=True, now_ns=now_ns)
+        return self.touch(node, now_ns=now_ns)

@@ -113,6 +113,9 @@ class DirtyFile:
     # bytes are not saved until a later write or truncate succeeds
     failed: TierfsError | None = None
     failures: int = 0  # uploads failed in a row, for this file's retry backoff
+    # when its data last changed (write, truncate): the file's mtime and ctime until
+    # FileIO moves it into the inode's attributes and the upload's metadata
+    changed_ns: int | None = None
     lock: trio.Lock = field(default_factory=trio.Lock)
 
     @property
@@ -209,6 +212,7 @@ class WriteBack:
                 raise
             d.size = max(d.size, end)
             d.generation += 1
+            d.changed_ns = time.time_ns()
             d.failed = None  # the application wrote again after the failure: its call
         return len(data)
 
@@ -247,6 +251,7 @@ class WriteBack:
                 self.cache.release_dirty(len(gone) * cs)
             d.size = size
             d.generation += 1
+            d.changed_ns = time.time_ns()
             d.failed = None
 
     async def read(self, d: DirtyFile, offset: int, size: int) -> bytes:
@@ -269,8 +274,9 @@ class WriteBack:
         return b"".join(out)
 
     def set_metadata(self, d: DirtyFile, metadata: dict[str, str]) -> None:
-        d.metadata = dict(metadata)
-        d.generation += 1
+        if metadata != d.metadata:  # new metadata: the object must be written again
+            d.metadata = dict(metadata)
+            d.generation += 1
 
     # ---- making it durable ------------------------------------------------------------
 
