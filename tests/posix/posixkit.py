@@ -42,6 +42,9 @@ OLD_MTIME_NS = 1_000_000_100_987_654_321
 # how far a "now" time may lie outside [t0, t1] (the daemon and this process read the same
 # CLOCK_REALTIME; this covers a daemon that keeps microseconds or rounds through a float)
 SLACK_NS = 1_000_000
+# UTIME_NOW: FUSE passes the kernel's current_time(), a coarse clock up to one tick (10 ms
+# at HZ=100) behind CLOCK_REALTIME; the daemon cannot tell it from an explicit time
+COARSE_NS = 20_000_000
 # ctimes compared as "unchanged"/"now" are at least this far before t0 (so a ctime that did
 # not move cannot pass as "now")
 GAP_NS = 3 * SLACK_NS
