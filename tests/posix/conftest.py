@@ -42,7 +42,7 @@ def d(pmount, request):
     pmount.seq = getattr(pmount, "seq", 0) + 1
     name = re.sub(r"[^A-Za-z0-9_.-]+", "_", request.node.name.removeprefix("test_"))
     path = pmount.m.path / f"{pmount.seq:03d}_{name.strip('_')[-40:]}"
-    offset = pmount.log_size()
+    offset = pmount.test_log_offset = pmount.log_size()
     old = os.umask(0o022)
     try:
         os.mkdir(path, 0o755)
