@@ -1,0 +1,144 @@
+"""Persistence (issue 11, spec "Persistence"): types, owners, modes and times of a tree
+survive an unmount + mount of the same cache dir, and show the same on a fresh cache dir
+(another node) for directories made by mkdir, small files, symlinks and special files.
+A fresh node also reads what other clients wrote: tierfs metadata from another node, and
+s3fs's names (mode in decimal, uid, gid, mtime)."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+import posixkit as px
+import pytest
+
+N = px.NOBODY
+G = 5678
+DEV_C = os.makedev(12, 34)
+DEV_B = os.makedev(8, 3)
+T0 = 1_400_000_000_000_000_000  # explicit times: T0 + i s + i ns, one pair per node
+
+
+def build(t: Path) -> list[Path]:
+    """The tree of the test under t (made by root and, in t/sticky, by nobody); returns
+    every node, deepest last."""
+    os.mkdir(t, 0o751)  # nobody may pass through to t/sticky
+    os.chown(t, 1234, G)
+    px.creat(t / "small", 0o640, b"x" * 100)
+    os.chown(t / "small", 1234, G)
+    px.creat(t / "empty", 0o600)
+    os.chown(t / "empty", N, N)
+    px.creat(t / "suid", 0o755, b"#!/bin/sh\n")
+    os.chmod(t / "suid", 0o6755)
+    px.creat(t / "big", 0o604, b"b" * 8192)  # above --meta-head-max-size (4 KiB)
+    os.chown(t / "big", 4321, G)
+    os.mkfifo(t / "fifo", 0o620)
+    os.mknod(t / "chr", stat.S_IFCHR | 0o600, DEV_C)
+    os.mknod(t / "blk", stat.S_IFBLK | 0o640, DEV_B)
+    px.bind_socket(t / "sock")
+    os.symlink("small", t / "link")
+    os.chown(t / "link", 1234, G, follow_symlinks=False)
+    os.symlink("../nowhere/at/all", t / "dangling")
+    os.mkdir(t / "sub")
+    os.chown(t / "sub", 0, G)
+    os.chmod(t / "sub", 0o2775)
+    px.creat(t / "sub/inner", 0o644, b"inner")           # gid G from the sgid dir
+    os.mkdir(t / "sub/deeper", 0o700)                     # gid G and S_ISGID inherited
+    os.mkdir(t / "sticky")
+    os.chmod(t / "sticky", 0o1777)
+    r = px.as_user([["creat", t / "sticky/nf", 0o640], ["mkdir", t / "sticky/nd", 0o750],
+                    ["symlink", "nf", t / "sticky/nl"], ["mkfifo", t / "sticky/np", 0o600]])
+    assert r == [px.OK] * 4, r
+    nodes = sorted([p for p in t.rglob("*")] + [t], key=lambda p: -len(p.parts))
+    # explicit times last, deepest first, so no later change moves a directory's times
+    for i, p in enumerate(nodes):
+        os.utime(p, ns=(T0 + i * 1_000_000_001, T0 + i * 2_000_000_002), follow_symlinks=False)
+    return nodes
+
+
+def snapshot(t: Path) -> dict[str, tuple]:
+    """{relative path: (type+mode, uid, gid, rdev, size, atime, mtime, ctime, link target)}
+    of every node under t (t itself as ".")."""
+    out = {}
+    for p in [t, *sorted(t.rglob("*"))]:
+        st = os.lstat(p)
+        target = os.readlink(p) if stat.S_ISLNK(st.st_mode) else None
+        size = st.st_size if not stat.S_ISDIR(st.st_mode) else None
+        out[os.path.relpath(p, t)] = (px.fmt_mode(st.st_mode), st.st_uid, st.st_gid, st.st_rdev,
+                                      size, st.st_atime_ns, st.st_mtime_ns, st.st_ctime_ns,
+                                      target)
+    return out
+
+
+FIELDS = ("mode", "uid", "gid", "rdev", "size", "atime", "mtime", "ctime", "target")
+
+
+def diff(want: dict, got: dict, skip: dict[str, set] | None = None) -> list[str]:
+    skip = skip or {}
+    out = []
+    for path in sorted(set(want) | set(got)):
+        if path not in got or path not in want:
+            out.append(f"{path}: {'missing' if path not in got else 'unexpected'}")
+            continue
+        for name, w, g in zip(FIELDS, want[path], got[path]):
+            if name in skip.get(path, ()):
+                continue
+            if w != g:
+                out.append(f"{path}: {name} {g!r}, expected {w!r}")
+    return out
+
+
+# objects other clients put in the bucket: key -> (body, metadata, expected snapshot row
+# without times, expected (atime, mtime, ctime) or None where the metadata gives none)
+S = 1_000_000_000
+FOREIGN = {
+    "ext/tierfs_fifo": (b"", {"tierfs-mode": "10640", "tierfs-uid": "1234", "tierfs-gid": "5678",
+                              "tierfs-atime": "1400000000.000000001",
+                              "tierfs-mtime": "1400000001.000000002",
+                              "tierfs-ctime": "1400000002.000000003"},
+                        (stat.S_IFIFO | 0o640, 1234, G, 0),
+                        (1400000000 * S + 1, 1400000001 * S + 2, 1400000002 * S + 3)),
+    "ext/tierfs_chr": (b"", {"tierfs-mode": "20600", "tierfs-uid": "0", "tierfs-gid": "0",
+                             "tierfs-rdev": str(DEV_C)},
+                       (stat.S_IFCHR | 0o600, 0, 0, DEV_C), None),
+    "ext/s3fs_file": (b"hello", {"mode": str(stat.S_IFREG | 0o640), "uid": "1234",
+                                 "gid": "5678", "mtime": "1500000000"},
+                      (stat.S_IFREG | 0o640, 1234, G, 0), (None, 1500000000 * S, None)),
+    "ext/s3fs_fifo": (b"", {"mode": str(stat.S_IFIFO | 0o600), "uid": "1234", "gid": "5678"},
+                      (stat.S_IFIFO | 0o600, 1234, G, 0), None),
+    "ext/s3fs_dir/": (b"", {"mode": str(stat.S_IFDIR | 0o750), "uid": "1234", "gid": "5678",
+                            "mtime": "1500000000"},
+                      (stat.S_IFDIR | 0o750, 1234, G, 0), (None, 1500000000 * S, None)),
+}
+
+
+@pytest.mark.parametrize("mode", list(px.MODES))
+def test_types_owners_modes_and_times_survive_remount_and_show_on_another_node(ms, mode):
+    m = ms.start()
+    t = m.path / "t"
+    build(t)
+    want = snapshot(t)
+    assert want["sub/deeper"][:3] == (px.fmt_mode(stat.S_IFDIR | 0o2700), 0, G)
+    assert want["sticky/nd"][:3] == (px.fmt_mode(stat.S_IFDIR | 0o750), N, N)
+
+    m = ms.again(m)  # the same cache dir
+    bad = diff(want, snapshot(t))
+    assert not bad, "after a remount of the same cache dir:\n  " + "\n  ".join(bad)
+
+    for key, (body, meta, _, _) in FOREIGN.items():
+        ms.s3.put_object(Bucket=ms.bucket, Key=key, Body=body, Metadata=meta)
+    m = ms.again(m, cache="cache2")  # another node: nothing but the bucket
+    # a file above --meta-head-max-size shows the LIST's size; its metadata comes later
+    bad = diff(want, snapshot(t), skip={"big": {"mode", "uid", "gid", "atime", "mtime",
+                                                "ctime"}})
+    assert not bad, "on a fresh cache dir (another node):\n  " + "\n  ".join(bad)
+
+    for key, (body, meta, (fmode, uid, gid, rdev), times) in FOREIGN.items():
+        st = os.lstat(m.path / key.rstrip("/"))
+        got = (px.fmt_mode(st.st_mode), st.st_uid, st.st_gid, st.st_rdev)
+        assert got == (px.fmt_mode(fmode), uid, gid, rdev), key
+        if times:
+            for name, w, g in zip(("atime", "mtime", "ctime"), times,
+                                  (st.st_atime_ns, st.st_mtime_ns, st.st_ctime_ns)):
+                assert w is None or g == w, f"{key}: {name} {px.fmt_ns(g)}, expected {px.fmt_ns(w)}"
