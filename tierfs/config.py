@@ -440,11 +440,11 @@ class MountConfig(BaseModel):
         None, "int", "0 - 4294967294", "group shown for files and directories",
         default_factory=os.getgid)
     # LIST entries this small get one HEAD per version, for the type, owner, mode and
-    # times a LIST does not carry (symlinks, special files, small files); directories one
-    # HEAD of their marker when first seen. "off": none (docs/semantics.md, POSIX)
+    # times a LIST does not carry: by default the empty ones (special files, directory
+    # markers); 4K takes in symlinks and small files. "off": none (docs/semantics.md)
     meta_head_max_size: Annotated[int, BeforeValidator(_off_or_size),
                                   AfterValidator(_ranged(-1, 5 << 40, _show_size))] = _field(
-        4096, "size", "0 - 5T, or `off`", "objects this small get one HEAD for their metadata")
+        0, "size", "0 - 5T, or `off`", "objects this small get one HEAD for their metadata")
     file_mode: Annotated[int, BeforeValidator(_mode_value)] = _field(
         0o644, "mode", "octal, up to 07777", "mode shown for files")
     dir_mode: Annotated[int, BeforeValidator(_mode_value)] = _field(

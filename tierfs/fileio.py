@@ -346,6 +346,7 @@ class FileIO:
             await self.wb.discard(self.wb.get(target.ino))  # type: ignore[arg-type]
         await self.ns.backend.delete(node.key)
         node.etag = etag
+        node.attrs.seen = etag  # the copy carries the source's metadata
         self.ns.renamed(node, new_parent, new_name, new_key)
         if d is not None:
             d.key, d.base = new_key, new

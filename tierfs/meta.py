@@ -613,6 +613,8 @@ class MetaStore:
             # a name that changed kind gets a new inode: the kernel caches an inode's type
             if old is None or old.kind != kind:
                 ino = None
+            elif kind == DIR:
+                mtime = old.mtime  # a prefix's time is when it was first seen, not listed
         if ino is None:
             ino = _U64.unpack(txn.get(b"next_ino", db=self._info))[0]
             txn.put(b"next_ino", _u64(ino + 1), db=self._info)

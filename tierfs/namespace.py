@@ -58,8 +58,8 @@ class Namespace:
                  has_local_writes: Callable[[int], bool] = lambda ino: False,
                  tasks: Tasks | None = None, head_max_size: int = -1) -> None:
         self.meta = meta
-        # objects up to this size get one HEAD per version for their metadata (type,
-        # owner, mode, times; -1: none); directories one HEAD of their marker when first seen
+        # objects up to this size (directory markers included) get one HEAD per version
+        # for their metadata: type, owner, mode, times (-1: none)
         self.head_max_size = head_max_size
         # where background listings run; without one, lookups stay targeted only
         self._tasks = tasks
@@ -153,14 +153,15 @@ class Namespace:
         started = self._clock()
         files: dict[str, ObjectMeta] = {}
         dirs: set[str] = set()
+        marker: ObjectMeta | None = None
         token = None
         while True:
             page = await self.backend.list(prefix, "/", token)
             for o in page.objects:
                 name = o.key[len(prefix):]
                 if name == "":
-                    continue  # the directory's own marker object
-                if self._valid_name(name, o.key):
+                    marker = o  # the directory's own marker object
+                elif self._valid_name(name, o.key):
                     files[name] = o
             for p in page.prefixes:
                 name = p[len(prefix):-1]
@@ -171,64 +172,63 @@ class Namespace:
                 break
         for n in dirs:
             files.pop(n, None)  # a name that is both: the directory wins
-        found = await self._read_metadata(d.ino, files, dirs)
+        found = await self._read_metadata(d.ino, files)
+        if marker is not None and d.ino != ROOT_INO:
+            own = d.key.rstrip("/").rpartition("/")[2]
+            _, attrs = (await self._read_metadata(d.parent, {own: marker})).get(own, (DIR, None))
+            if attrs is not None:
+                d.attrs = attrs
+                self.meta.set_attrs(d.ino, attrs)
         now = self._clock()
-        entries = [(n.encode(), DIR, 0, now, "", prefix + n + "/", found.get(n)) for n in dirs]
+        entries: list[tuple] = [(n.encode(), DIR, 0, now, "", prefix + n + "/") for n in dirs]
         for n, o in files.items():
             kind, attrs = found.get(n, (FILE, None))
             entries.append((n.encode(), kind, o.size, o.mtime, o.etag, o.key, attrs))
         self.meta.store_listing(d.ino, entries, now, keep=self._local, since=started)
         self._stale_logged.pop(d.ino, None)
 
-    def _wants_head(self, parent: int, name: str, obj: ObjectMeta | None) -> bool:
-        """Is an entry's metadata worth a HEAD? Only small objects (symlinks, special
-        files, small files: their type and owner cannot be told from a LIST) and
-        directories, once per version: what the index already read is not asked again."""
-        if self.head_max_size < 0 or (obj is not None and obj.size > self.head_max_size):
+    def _wants_head(self, parent: int, name: str, obj: ObjectMeta) -> bool:
+        """Is an entry's metadata worth a HEAD? Only objects of at most head_max_size
+        bytes (by default the empty ones: special files, empty files, directory markers),
+        whose type and owner a LIST cannot tell, once per version: what the index already
+        read is not asked again."""
+        if self.head_max_size < 0 or obj.size > self.head_max_size:
             return False
         node = self.meta.child(parent, name.encode())
         if node is None:
             return True
-        if obj is None:
-            return node.attrs.seen is None
         return node.attrs.seen != obj.etag and not self._local(node.ino)
 
-    async def _read_metadata(self, parent: int, files: dict[str, ObjectMeta],
-                             dirs: set[str] | frozenset = frozenset()) -> dict:
-        """HEAD what _wants_head picks, HEAD_CONCURRENCY at a time: {name: (kind, Attrs)}
-        for objects, {name: Attrs} for directories (their marker; a directory that is only
-        a prefix gets empty attrs, so it is not asked again)."""
-        found: dict = {}
+    async def _read_metadata(self, parent: int,
+                             objs: dict[str, ObjectMeta]) -> dict[str, tuple[int, Attrs]]:
+        """{name: (kind, attrs)} from a HEAD of each object _wants_head picks,
+        HEAD_CONCURRENCY at a time (a key ending in "/" is a directory's marker). A failed
+        HEAD leaves its entry out: it is asked again at the next listing."""
+        found: dict[str, tuple[int, Attrs]] = {}
         limiter = trio.CapacityLimiter(HEAD_CONCURRENCY)
-        prefix = self.inode(parent).key
 
-        async def head(name: str, obj: ObjectMeta | None) -> None:
+        async def head(name: str, obj: ObjectMeta) -> None:
             async with limiter:
-                key = obj.key if obj is not None else prefix + name + "/"
                 try:
-                    meta = await self.backend.head(key)
-                except NotFound:
-                    if obj is None:
-                        found[name] = Attrs(seen="")
-                    return
+                    meta = await self.backend.head(obj.key)
                 except TierfsError as exc:  # metadata is not worth failing a listing for
-                    log.debug("HEAD %r for its metadata failed: %s", key, exc)
+                    log.debug("HEAD %r for its metadata failed: %s", obj.key, exc)
                     return
-                kind, attrs = from_metadata(meta.metadata or {}, meta.etag)
-                if obj is None:
-                    found[name] = attrs
-                elif obj.etag == meta.etag:  # the same version the LIST showed
-                    if kind not in (FILE, SYMLINK) and kind not in SPECIAL:
-                        kind = FILE
-                    found[name] = (kind, attrs)
+            if meta.etag != obj.etag:
+                return  # replaced since the LIST: the next listing asks again
+            kind, attrs = from_metadata(meta.metadata or {}, meta.etag)
+            if obj.key.endswith("/"):
+                kind = DIR
+                if attrs.mtime_ns is None:  # a marker made by another tool
+                    attrs.mtime_ns = int(meta.mtime * 1e9)
+            elif kind not in (FILE, SYMLINK) and kind not in SPECIAL:
+                kind = FILE
+            found[name] = (kind, attrs)
 
         async with trio.open_nursery() as n:
-            for name, obj in files.items():
+            for name, obj in objs.items():
                 if self._wants_head(parent, name, obj):
                     n.start_soon(head, name, obj)
-            for name in dirs:
-                if self._wants_head(parent, name, None):
-                    n.start_soon(head, name, None)
         return found
 
     async def lookup(self, parent: int, name: bytes) -> Inode:
@@ -288,6 +288,8 @@ class Namespace:
         async def as_dir() -> None:
             page = await self.backend.list(key + "/", "/", None, 1)
             found["dir"] = bool(page.objects or page.prefixes)
+            if page.objects and page.objects[0].key == key + "/":
+                found["marker"] = page.objects[0]
 
         async def as_file() -> None:
             page = await self.backend.list(key, "/", None, 1)
@@ -306,7 +308,9 @@ class Namespace:
             raise
         self._stale_logged.pop(d.ino, None)
         if found.get("dir"):
-            attrs = (await self._read_metadata(d.ino, {}, {sname})).get(sname)
+            marker = found.get("marker")
+            _, attrs = ((await self._read_metadata(d.ino, {sname: marker})).get(sname, (DIR, None))  # type: ignore[dict-item]
+                        if isinstance(marker, ObjectMeta) else (DIR, None))
             now = self._clock()
             return self.meta.upsert(d.ino, name, DIR, 0, now, "", key + "/", now, attrs)
         obj = found.get("file")

@@ -649,6 +649,8 @@ class WriteBack:
             node.size, node.etag, node.mtime = new.size, new.etag, self._clock()
             node.validated_at = self._clock()
             self.meta.set_validated(node)
+            # the metadata it was uploaded with came from these attributes: no HEAD needed
+            self.meta.set_attrs(node.ino, node.attrs.changed(seen=new.etag))
 
     # ---- background uploads and recovery -----------------------------------------------
 
