@@ -203,6 +203,7 @@ class Mounts:
         ms = Mounts(rgw, "default")        # a fresh bucket; preload objects with ms.s3
         m = ms.start()                     # TOP/mnt, cache TOP/cache
         m = ms.again(m)                    # unmount, mount the same cache dir again
+        m = ms.again(m, "--metadata-ttl", "0")   # ... with other arguments
         m = ms.again(m, cache="cache2")    # ... or a new cache dir (another node)
         ms.close()                         # every mount stopped, TOP and the bucket removed
     """
@@ -230,12 +231,15 @@ class Mounts:
         m.start()
         return m
 
-    def again(self, m, cache: str | None = None):
-        m.stop()
-        new_cache = self.top / cache if cache else Path(m.cache_dir)
+    def again(self, m, *extra: str, cache: str | None = None):
+        """Unmount m, then mount its mount point again: on the same cache dir, or on
+        TOP/`cache` (a new one: another node), with the suite's arguments plus `extra`."""
         from mounting import Mount
 
-        new = Mount(self.rgw, m.source, m.path, new_cache, m.extra_args,
+        m.stop()
+        new_cache = self.top / cache if cache else Path(m.cache_dir)
+        new = Mount(self.rgw, m.source, m.path, new_cache,
+                    ["--allow-other", *MODES[self.mode], *extra],
                     log_path=m.log_path, start=False)
         self.all.append(new)
         new.start()
