@@ -125,3 +125,38 @@ def test_link_is_eperm(d, kind):
 
 def test_statfs_namemax_is_255(pmount):
     assert os.statvfs(pmount.m.path).f_namemax == 255
+
+
+# a directory another client made as a prefix only (no marker object)
+PRELOAD = {"prefix_only/a": (b"a", {}), "prefix_only2/b": (b"b", {})}
+
+
+@pytest.mark.parametrize("change", ["chmod", "chown", "utime"])
+def test_changing_a_prefix_directory_writes_its_marker(pmount, change):
+    # chmod and chown share prefix_only: whichever runs first makes the marker
+    p = pmount.m.path / ("prefix_only" if change != "utime" else "prefix_only2")
+    key = os.path.basename(p) + "/"
+    before = px.head(pmount.s3, pmount.bucket, key)
+    if change == "chmod":
+        os.chmod(p, 0o750)
+    elif change == "chown":
+        os.chown(p, 1234, 5678)
+    else:
+        os.utime(p, ns=(px.OLD_ATIME_NS, px.OLD_MTIME_NS))
+    st = os.stat(p)
+
+    def check():
+        h = px.head(pmount.s3, pmount.bucket, key)
+        assert h is not None, f"no marker {key} (before the change: {before is not None})"
+        md = h["Metadata"]
+        # the field changed is in the marker (the others may be unknown: mount defaults)
+        if change == "chmod":
+            assert int(md.get("tierfs-mode", "-1"), 8) == st.st_mode, md
+        elif change == "chown":
+            assert (md.get("tierfs-uid"), md.get("tierfs-gid")) == ("1234", "5678"), md
+        else:
+            assert (md.get("tierfs-atime"), md.get("tierfs-mtime")) == (
+                px.fmt_ns(px.OLD_ATIME_NS), px.fmt_ns(px.OLD_MTIME_NS)), md
+
+    px.eventually(check)
+    assert sorted(os.listdir(p)) == ["a" if change != "utime" else "b"]
