@@ -122,7 +122,7 @@ class FileIO:
             await self._release_dirty(h.dirty)
 
     async def _release_dirty(self, d: DirtyFile) -> None:
-        self._save_times(d)
+        await self._save_times(d)
         if await self.wb.release(d):  # type: ignore[union-attr]
             # a failed write's changes were dropped: what the kernel cached of them (pages,
             # size) must not outlive them; the next open asks again
@@ -216,7 +216,7 @@ class FileIO:
         if mode is not None and without_privs(mode) != mode:
             await self._set(node, node.attrs.changed(mode=without_privs(mode)))
 
-    def _save_times(self, d: DirtyFile) -> None:
+    async def _save_times(self, d: DirtyFile) -> None:
         """The data's last change becomes the file's mtime and ctime, in the index and in
         the metadata its upload carries."""
         if d.changed_ns is None or self.wb is None:
@@ -226,19 +226,19 @@ class FileIO:
         node.attrs = node.attrs.changed(mtime_ns=d.changed_ns, ctime_ns=ctime)
         self.ns.meta.set_attrs(node.ino, node.attrs)
         d.changed_ns = None
-        self.wb.set_metadata(d, node.attrs.to_metadata(node.kind))
+        await self.wb.set_metadata(d, node.attrs.to_metadata(node.kind))
 
     async def flush(self, fh: int) -> None:
         h = self._handles.get(fh)
         if h is not None and h.dirty is not None and self.wb is not None:
-            self._save_times(h.dirty)
+            await self._save_times(h.dirty)
             await self.wb.flush(h.dirty)  # a no-op unless the file has unsaved changes
 
     async def fsync(self, fh: int) -> None:
         h = self._handles.get(fh)
         d = self.wb.get(h.node.ino) if h is not None and self.wb is not None else None
         if d is not None:
-            self._save_times(d)
+            await self._save_times(d)
             await self.wb.commit(d)  # type: ignore[union-attr]
 
     def size_of(self, node: Inode) -> int:
@@ -270,7 +270,7 @@ class FileIO:
                 return self.ns.inode(ino)
         d = self.wb.get(ino) if self.wb is not None else None
         if d is not None:
-            self._save_times(d)  # a utimens now must win over the time of earlier writes
+            await self._save_times(d)  # a utimens now must win over the time of earlier writes
         node = self.ns.inode(ino)
         changes = changes or {}
         attrs = node.attrs.changed(**changes, ctime_ns=time.time_ns())
@@ -281,10 +281,13 @@ class FileIO:
         return self.ns.inode(ino)
 
     async def _set(self, node: Inode, attrs: Attrs) -> None:
+        """New attributes: a file with unsaved writes carries them in its upload, any
+        other node has its object changed (Namespace.set_attrs)."""
         d = self.wb.get(node.ino) if self.wb is not None else None
-        node = await self.ns.set_attrs(node, attrs)
         if d is not None:
-            self.wb.set_metadata(d, node.attrs.to_metadata(node.kind))  # type: ignore[union-attr]
+            await self.wb.set_metadata(d, attrs.to_metadata(node.kind))  # type: ignore[union-attr]
+            node = self.ns.inode(node.ino)  # an upload may have finished meanwhile
+        await self.ns.set_attrs(node, attrs)
 
     async def _truncate(self, node: Inode, fh: int | None, size: int) -> None:
         h = self._handles.get(fh) if fh is not None else None
@@ -297,7 +300,7 @@ class FileIO:
         d = self._open_dirty(node, truncate=size == 0)
         try:
             await self.wb.truncate(d, size)  # type: ignore[union-attr]
-            self._save_times(d)
+            await self._save_times(d)
             await self.wb.flush(d)  # type: ignore[union-attr]
         finally:
             await self._release_dirty(d)

@@ -631,10 +631,13 @@ class MetaStore:
         return node
 
     def upsert(self, parent: int, name: bytes, kind: int, size: int, mtime: float, etag: str,
-               key: str, now: float, attrs: Attrs | None = None) -> Inode:
+               key: str, now: float, attrs: Attrs | None = None,
+               parent_attrs: Attrs | None = None) -> Inode:
         """Create or update the entry `name` of `parent`; attrs, when given, replace the
-        node's."""
+        node's, parent_attrs the parent's (its times: one transaction for both)."""
         with self.env.begin(write=True) as txn:
+            if parent_attrs is not None:
+                txn.put(_u64(parent), parent_attrs.to_json(), db=self._attrs)
             return self._upsert(txn, parent, name, kind, size, mtime, etag, key, now, attrs)
 
     def remove(self, parent: int, name: bytes) -> None:
@@ -685,9 +688,11 @@ class MetaStore:
                 txn.delete(k, db=self._dentries)
             txn.put(_u64(parent), struct.pack("<d", now), db=self._dirs)
 
-    def set_validated(self, node: Inode) -> None:
-        with self.env.begin(write=True, db=self._inodes) as txn:
-            txn.put(_u64(node.ino), node.pack())
+    def set_validated(self, node: Inode, attrs: Attrs | None = None) -> None:
+        with self.env.begin(write=True) as txn:
+            txn.put(_u64(node.ino), node.pack(), db=self._inodes)
+            if attrs is not None:
+                txn.put(_u64(node.ino), attrs.to_json(), db=self._attrs)
 
     def set_attrs(self, ino: int, attrs: Attrs) -> None:
         with self.env.begin(write=True, db=self._attrs) as txn:

@@ -353,16 +353,16 @@ class Namespace:
 
     # ---- changes (the FUSE layer has checked read-only and permissions) -----------------
 
-    def _check_length(self, d: Inode, name: bytes) -> None:
+    def _check_length(self, d: Inode, name: bytes, suffix: str = "") -> None:
         if len(name) > MAX_NAME:
             raise NameTooLong(f"a name of {len(name)} bytes (at most {MAX_NAME})")
-        if len(d.key.encode()) + len(name) > MAX_KEY:
+        if len(d.key.encode()) + len(name) + len(suffix) > MAX_KEY:
             raise NameTooLong(f"the key {d.key!r} + {len(name)} bytes would pass S3's "
                               f"{MAX_KEY} bytes")
 
     def new_key(self, d: Inode, name: bytes, suffix: str = "") -> str:
         """The key of a new entry `name` of directory d (+ suffix: "/" for a directory)."""
-        self._check_length(d, name + suffix.encode())
+        self._check_length(d, name, suffix)
         try:
             sname = name.decode()
         except UnicodeDecodeError:
@@ -374,7 +374,8 @@ class Namespace:
     def _now_ns(self) -> int:
         return int(self._clock() * 1e9)
 
-    def touch(self, node: Inode, *, data: bool = False, now_ns: int | None = None) -> Inode:
+    def touch(self, node: Inode, *, data: bool = False, now_ns: int | None = None,
+              store: bool = True) -> Inode:
         """ctime (and with data=True mtime) to now: a directory whose entries changed, a
         node whose attributes changed. Kept in the index only (docs/semantics.md)."""
         now_ns = self._now_ns() if now_ns is None else now_ns
@@ -382,7 +383,8 @@ class Namespace:
                                         mtime_ns=now_ns if data else node.attrs.mtime_ns)
         if node.attrs.mtime_ns is None:  # keep what stat showed: the LIST's time
             node.attrs.mtime_ns = int(node.mtime * 1e9)
-        self.meta.set_attrs(node.ino, node.attrs)
+        if store:
+            self.meta.set_attrs(node.ino, node.attrs)
         return node
 
     def _new_attrs(self, d: Inode, kind: int, perm: int, caller: Caller,
@@ -393,9 +395,8 @@ class Namespace:
                  attrs: Attrs) -> Inode:
         now = self._clock()
         self._negative.pop((d.ino, name), None)
-        node = self.meta.upsert(d.ino, name, kind, size, now, etag, key, now, attrs)
-        self.touch(d, data=True, now_ns=attrs.ctime_ns)
-        return node
+        self.touch(d, data=True, now_ns=attrs.ctime_ns, store=False)
+        return self.meta.upsert(d.ino, name, kind, size, now, etag, key, now, attrs, d.attrs)
 
     def create_file(self, parent: int, name: bytes, perm: int, caller: Caller = Caller()) -> Inode:
         """A new, empty file known only here until its first upload."""

@@ -273,10 +273,21 @@ class WriteBack:
             out.append(bytes(hi - based))
         return b"".join(out)
 
-    def set_metadata(self, d: DirtyFile, metadata: dict[str, str]) -> None:
-        if metadata != d.metadata:  # new metadata: the object must be written again
+    async def set_metadata(self, d: DirtyFile, metadata: dict[str, str]) -> bool:
+        """The metadata d's upload carries (mode, owner, times: tierfs.attrs). False when d
+        was uploaded and forgotten meanwhile: then the caller changes the object itself."""
+        if metadata == d.metadata:
+            return self.files.get(d.ino) is d
+        async with d.lock:  # not in the middle of an upload of the old metadata
+            if self.files.get(d.ino) is not d or d.unlinked:
+                return False
             d.metadata = dict(metadata)
-            d.generation += 1
+            d.generation += 1  # the object must be written again
+            if d.journaled:  # what a crash leaves must carry it too
+                await self._journal(d)
+            if d.writers == 0:  # waiting for its background upload: one more
+                self._queue_send.send_nowait(d.ino)
+        return True
 
     # ---- making it durable ------------------------------------------------------------
 
@@ -297,8 +308,8 @@ class WriteBack:
     async def commit(self, d: DirtyFile) -> None:
         """Upload now and return once the object store has this generation (fsync)."""
         async with d.lock:
-            if d.unlinked:
-                return
+            if d.unlinked or self.files.get(d.ino) is not d:
+                return  # uploaded and forgotten while we waited
             if d.failed is not None:
                 raise d.sticky_error("fsync")
             if d.clean:
@@ -648,9 +659,8 @@ class WriteBack:
         if node is not None:
             node.size, node.etag, node.mtime = new.size, new.etag, self._clock()
             node.validated_at = self._clock()
-            self.meta.set_validated(node)
             # the metadata it was uploaded with came from these attributes: no HEAD needed
-            self.meta.set_attrs(node.ino, node.attrs.changed(seen=new.etag))
+            self.meta.set_validated(node, node.attrs.changed(seen=new.etag))
 
     # ---- background uploads and recovery -----------------------------------------------
 
