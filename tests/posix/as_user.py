@@ -13,11 +13,9 @@ posixkit.as_user() is the caller; the operations are the OPS table below.
 
 from __future__ import annotations
 
-import ctypes
 import errno
 import json
 import os
-import socket
 import sys
 
 AT_FDCWD = -100
@@ -26,23 +24,24 @@ UTIME_NOW = (1 << 30) - 1
 UTIME_OMIT = (1 << 30) - 2
 
 
-class Timespec(ctypes.Structure):
-    _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
-
-
-def _ts(value) -> Timespec:
+def _ts(value) -> tuple[int, int]:
     if value == "now":
-        return Timespec(0, UTIME_NOW)
+        return (0, UTIME_NOW)
     if value == "omit":
-        return Timespec(0, UTIME_OMIT)
-    return Timespec(value // 1_000_000_000, value % 1_000_000_000)
+        return (0, UTIME_OMIT)
+    return (value // 1_000_000_000, value % 1_000_000_000)
 
 
-def utimensat(path: str, atime, mtime, follow: bool = True) -> None:
+def utimensat(path, atime, mtime, follow: bool = True) -> None:
     """utimensat(2) through libc: atime/mtime are nanoseconds, "now" (UTIME_NOW) or "omit"
     (UTIME_OMIT), which os.utime cannot pass."""
+    import ctypes  # here: the child of as_user() starts faster without it
+
+    class Timespec(ctypes.Structure):
+        _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
+
     libc = ctypes.CDLL(None, use_errno=True)
-    times = (Timespec * 2)(_ts(atime), _ts(mtime))
+    times = (Timespec * 2)(Timespec(*_ts(atime)), Timespec(*_ts(mtime)))
     flags = 0 if follow else AT_SYMLINK_NOFOLLOW
     if libc.utimensat(AT_FDCWD, os.fsencode(path), times, flags) != 0:
         e = ctypes.get_errno()
@@ -77,6 +76,8 @@ def _write(path, data, flags=os.O_WRONLY):
 
 
 def _bind(path):
+    import socket
+
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         s.bind(path)

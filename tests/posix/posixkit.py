@@ -59,7 +59,7 @@ def as_user(ops: list, *, uid: int = NOBODY, gid: int = NOBODY, groups=(), umask
     returns one {"ok": value} / {"err": "ENAME"} per operation."""
     req = {"uid": uid, "gid": gid, "groups": list(groups), "umask": umask,
            "ops": [[str(a) if isinstance(a, Path) else a for a in op] for op in ops]}
-    r = subprocess.run([sys.executable, AS_USER], input=json.dumps(req), capture_output=True,
+    r = subprocess.run([sys.executable, "-S", "-I", AS_USER], input=json.dumps(req), capture_output=True,
                        text=True, timeout=60, cwd="/")
     if r.returncode != 0:
         raise AssertionError(f"as_user failed (rc={r.returncode}): {r.stderr.strip()}")
