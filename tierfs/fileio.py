@@ -205,7 +205,9 @@ class FileIO:
             raise FileTooBig(f"{h.node.key!r} would pass 5 TiB, S3's largest object")
         h.wrote = True
         n = await self.wb.write(h.dirty, offset, data)  # type: ignore[union-attr]
-        await self._drop_privs(h.node.ino)
+        mode = h.node.attrs.mode  # kept current by _set: no index read per write
+        if mode is not None and without_privs(mode) != mode:
+            await self._drop_privs(h.node.ino)
         return n
 
     async def _drop_privs(self, ino: int) -> None:
@@ -288,6 +290,9 @@ class FileIO:
             await self.wb.set_metadata(d, attrs.to_metadata(node.kind))  # type: ignore[union-attr]
             node = self.ns.inode(node.ino)  # an upload may have finished meanwhile
         await self.ns.set_attrs(node, attrs)
+        for h in self._handles.values():
+            if h.node.ino == node.ino:
+                h.node.attrs = attrs
 
     async def _truncate(self, node: Inode, fh: int | None, size: int) -> None:
         h = self._handles.get(fh) if fh is not None else None
