@@ -13,9 +13,11 @@ posixkit.as_user() is the caller; the operations are the OPS table below.
 
 from __future__ import annotations
 
+import ctypes  # every import before the drop of privileges: nobody may not read the stdlib
 import errno
 import json
 import os
+import socket
 import sys
 
 AT_FDCWD = -100
@@ -35,8 +37,6 @@ def _ts(value) -> tuple[int, int]:
 def utimensat(path, atime, mtime, follow: bool = True) -> None:
     """utimensat(2) through libc: atime/mtime are nanoseconds, "now" (UTIME_NOW) or "omit"
     (UTIME_OMIT), which os.utime cannot pass."""
-    import ctypes  # here: the child of as_user() starts faster without it
-
     class Timespec(ctypes.Structure):
         _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
 
@@ -76,8 +76,6 @@ def _write(path, data, flags=os.O_WRONLY):
 
 
 def _bind(path):
-    import socket
-
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         s.bind(path)
