@@ -309,8 +309,10 @@ class Namespace:
         self._stale_logged.pop(d.ino, None)
         if found.get("dir"):
             marker = found.get("marker")
-            _, attrs = ((await self._read_metadata(d.ino, {sname: marker})).get(sname, (DIR, None))  # type: ignore[dict-item]
-                        if isinstance(marker, ObjectMeta) else (DIR, None))
+            attrs = None
+            if isinstance(marker, ObjectMeta):
+                found_attrs = await self._read_metadata(d.ino, {sname: marker})
+                attrs = found_attrs.get(sname, (DIR, None))[1]
             now = self._clock()
             return self.meta.upsert(d.ino, name, DIR, 0, now, "", key + "/", now, attrs)
         obj = found.get("file")
@@ -426,7 +428,8 @@ class Namespace:
         attrs.seen = meta.etag
         return self._created(d, name, kind, 0, meta.etag, key, attrs)
 
-    async def symlink(self, parent: int, name: bytes, target: bytes, caller: Caller = Caller()) -> Inode:
+    async def symlink(self, parent: int, name: bytes, target: bytes,
+                      caller: Caller = Caller()) -> Inode:
         d = self._dir(parent)
         key = self.new_key(d, name)
         attrs = self._new_attrs(d, SYMLINK, 0o777, caller)
