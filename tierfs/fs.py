@@ -120,16 +120,12 @@ class FuseOps(pyfuse3.Operations):
         attrs = self.io.attrs_of(node)
         if node.is_dir:
             perm = self.cfg.dir_mode if attrs.mode is None else attrs.mode
-            # 2 + subdirectories once listed; 1 ("unknown", as btrfs) before: tools that
-            # count on nlink must not skip what the index has not seen yet
-            listed = self.ns.meta.dir_listed_at(node.ino) is not None
-            a.st_nlink = 2 + self.ns.meta.subdirs(node.ino) if listed else 1
+        elif node.kind == SYMLINK:
+            perm = 0o777
         else:
             perm = self.cfg.file_mode if attrs.mode is None else attrs.mode
-            if node.kind == SYMLINK:
-                perm = 0o777
-            a.st_nlink = 1 if node.linked else 0
         a.st_mode = type_bits(node.kind) | perm
+        a.st_nlink = self.ns.nlink(node)
         a.st_rdev = attrs.rdev
         a.st_size = self.io.size_of(node)
         a.st_uid = self.cfg.uid if attrs.uid is None else attrs.uid

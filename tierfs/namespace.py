@@ -103,6 +103,16 @@ class Namespace:
             node.key = self.root_prefix
         return node
 
+    def nlink(self, node: Inode) -> int:
+        """A directory: 2 + its subdirectories once listed, 1 ("unknown", as btrfs) before,
+        so tools that count on nlink do not skip what the index has not seen yet. Anything
+        else: 1, or 0 once its name is gone (an open file after unlink)."""
+        if not node.is_dir:
+            return 1 if node.linked else 0
+        if self.meta.dir_listed_at(node.ino) is None:
+            return 1
+        return 2 + self.meta.subdirs(node.ino)
+
     def _dir(self, ino: int) -> Inode:
         node = self.inode(ino)
         if not node.is_dir:
