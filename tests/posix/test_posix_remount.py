@@ -50,6 +50,8 @@ def build(t: Path) -> list[Path]:
     r = px.as_user([["creat", t / "sticky/nf", 0o640], ["mkdir", t / "sticky/nd", 0o750],
                     ["symlink", "nf", t / "sticky/nl"], ["mkfifo", t / "sticky/np", 0o600]])
     assert r == [px.OK] * 4, r
+    os.mkdir(t / "private", 0o700)  # root's: nobody may not list it, on any node
+    px.creat(t / "private/x", 0o644, b"x")
     os.mkdir(t / "idx")
     nodes = sorted([p for p in t.rglob("*")] + [t], key=lambda p: -len(p.parts))
     # explicit times, deepest first, so no later change moves a directory's times ...
@@ -176,6 +178,13 @@ def test_types_owners_modes_and_times_survive_remounts_and_show_on_another_node(
     # a file above meta_head_max_size shows the LIST's size; its metadata comes later;
     # a directory's time changes caused by entries made in it stay in the first index
     skip = {"big": {"mode", "uid", "gid", "atime", "mtime", "ctime"}, "idx": {"mtime", "ctime"}}
+    # the kernel checks permissions on the modes the daemon shows: once root has listed t
+    # (`ls t`), nobody must still not get into root's 0700 directory t/private
+    os.listdir(t)
+    r = px.as_user([["listdir", t / "private"], ["stat", t / "private/x"]])
+    if r != [{"err": "EACCES"}] * 2:
+        report += ["another node, nobody's first access to root's 0700 t/private after "
+                   f"`ls t` (EACCES expected): {r}"]
     bad = diff(want, snapshot(t), skip)     # as `ls -lR`: a directory before its listing
     report += ["another node, the tree at first sight (ls -lR):", *bad] if bad else []
     bad = diff(want, snapshot(t), skip)     # every directory listed by now
