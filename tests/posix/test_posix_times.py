@@ -256,3 +256,20 @@ def test_utime_nanoseconds_survive_the_attribute_cache(d, pmount):
     assert names == ["f", "other"]
     st = os.stat(d / "f")
     assert (st.st_atime_ns, st.st_mtime_ns) == (T_A, T_M)
+
+
+# a directory another client made as a prefix only (no marker object)
+PRELOAD = {"prefix_dir/a": (b"a", {})}
+
+
+def test_prefix_directory_times_follow_changes_inside(pmount):
+    p = pmount.m.path / "prefix_dir"
+    assert os.listdir(p) == ["a"]
+    px.age(p)
+    t0 = px.after_ctimes(p)
+    px.creat(p / f"new-{pmount.mode}")
+    t1 = time.time_ns()
+    st = os.stat(p)
+    assert st.st_atime_ns == px.OLD_ATIME_NS
+    assert px.is_now(st.st_mtime_ns, t0, t1), px.fmt_ns(st.st_mtime_ns)
+    assert px.is_now(st.st_ctime_ns, t0, t1), px.fmt_ns(st.st_ctime_ns)

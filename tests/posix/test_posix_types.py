@@ -160,3 +160,15 @@ def test_changing_a_prefix_directory_writes_its_marker(pmount, change):
 
     px.eventually(check)
     assert sorted(os.listdir(p)) == ["a" if change != "utime" else "b"]
+
+
+def test_mknod_of_a_regular_file_uploads_an_empty_object(d, pmount):
+    os.mknod(d / "r", stat.S_IFREG | 0o640)
+    key = px.key_of(d / "r", pmount.m.path)
+
+    def check():
+        h = px.head(pmount.s3, pmount.bucket, key)
+        assert h is not None and h["ContentLength"] == 0, h
+        assert int(h["Metadata"].get("tierfs-mode", "0"), 8) == stat.S_IFREG | 0o640, h
+
+    px.eventually(check)  # --writeback: the bucket may lag
