@@ -138,3 +138,26 @@ async def test_byte_exact_reads_and_a_rewrite_before_the_first_read(rgw, bucket,
         # h2 served nothing yet: it moves to the new version
         assert await c.io.read(h2.fh, 2 * cs, cs) == new[2 * cs:]
         assert await c.io.read(h2.fh, 0, 3 * cs) == new
+
+
+def test_bodies_are_read_from_the_socket_and_their_connection_reused(s3, rgw, bucket,
+                                                                    monkeypatch):
+    # S3Backend reads a body through http.client, under botocore's and urllib3's copies
+    # (backend/s3.py _body_reader); it must then hand the connection back to the pool
+    import http.client
+
+    data = os.urandom(3 << 20)
+    rgw.client().put_object(Bucket=bucket, Key="big", Body=data)
+    calls = []
+    real = http.client.HTTPResponse.readinto
+    monkeypatch.setattr(http.client.HTTPResponse, "readinto",
+                        lambda self, b: calls.append(len(b)) or real(self, b))
+    connects = []
+    real_connect = http.client.HTTPConnection.connect
+    monkeypatch.setattr(http.client.HTTPConnection, "connect",
+                        lambda self: connects.append(1) or real_connect(self))
+    for start in (0, 1 << 20, 5):
+        assert s3.get("big", start, 2 << 20, None) == data[start:start + (2 << 20)]
+    assert s3.get("big", 0, len(data), None, size=len(data)) == data
+    assert calls and max(calls) == 1 << 20  # straight into the buffer, 1 MiB at a time
+    assert len(connects) <= 1  # one connection served every GET

@@ -313,12 +313,13 @@ class S3Backend:
         got, n, resumes = 0, len(view), 0
         while True:
             try:
+                readinto, release = _body_reader(body)
                 while got < n:
-                    # StreamingBody.readinto: botocore's public API, straight into view
-                    k = body.readinto(view[got:got + _READ_PIECE])
+                    k = readinto(view[got:got + _READ_PIECE])
                     if not k:
                         raise _Cut(f"connection closed after {got} of {n} bytes")
                     got += k
+                release()
                 return
             except (_Cut, *_BODY_CUT) as exc:
                 _close(body)
@@ -452,6 +453,32 @@ def multipart_etag(part_etags: list[str]) -> str:
 def _describe(exc: BaseException) -> str:
     text = str(exc)
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _body_reader(body) -> tuple[Callable[[memoryview], int], Callable[[], None]]:  # noqa: ANN001
+    """(readinto, release) for a GET body: how to read it into a buffer, and what to call
+    once it is read to its end (the connection goes back to the pool).
+
+    botocore's StreamingBody.readinto goes through urllib3, which reads each piece into
+    a fresh bytearray (http.client), copies it to bytes, then copies that into the
+    buffer: three passes over every byte, and with ChecksumMode a fourth (botocore's own
+    CRC of a body integrity.verify checks anyway). The http.client response under it
+    reads straight from the socket into the buffer. botocore asks urllib3 for raw bytes
+    (decode_content=False, preload_content=False), so those are the same bytes, none
+    read yet. A body of another shape (a test's stand-in, a future botocore) is read
+    through its public readinto."""
+    raw = getattr(body, "_raw_stream", None)
+    fp = getattr(raw, "_fp", None)
+    if (isinstance(fp, http.client.HTTPResponse) and callable(getattr(raw, "release_conn", None))
+            and getattr(raw, "_fp_bytes_read", None) == 0
+            and not getattr(raw, "decode_content", False)):
+        def release() -> None:
+            # read to Content-Length: http.client closed its side; the socket is reusable
+            if fp.isclosed():
+                raw.release_conn()
+
+        return fp.readinto, release
+    return body.readinto, lambda: None
 
 
 def _close(body) -> None:  # noqa: ANN001 - StreamingBody
