@@ -6,7 +6,9 @@ Named databases (keys are ordered binary, big-endian integers first):
   dentries  parent ino + name (utf-8) -> child ino; a cursor over one parent gives a
             directory's children in stable byte order
   dirs      dir ino -> time its complete listing was stored
-  chunks    object id (16 bytes) + chunk index (u32) -> length, heat, last access, crc32s
+  chunks    object id (16 bytes) + chunk index (u32) -> length, heat, last access, CRC32Cs;
+            what the CRCs are is CHUNK_FORMAT, kept in info: records of another format are
+            dropped at open (their files become orphans that ChunkCache.recover deletes)
   objects   object id -> bucket, key, etag, size (for reports and evict-by-path)
   attrs     ino -> tierfs.attrs.Attrs as JSON: what S3 listings do not carry (mode, owner,
             times, rdev, a symlink's target), set through this mount or read from object
@@ -60,7 +62,10 @@ ROOT_INO = 1
 
 _U64 = struct.Struct(">Q")
 _INODE = struct.Struct("<BQQddH")  # kind, parent, size, mtime, validated_at, len(etag)
-_CHUNK = struct.Struct("<Idd")  # length, heat, last access; then one crc32 per block
+_CHUNK = struct.Struct("<Idd")  # length, heat, last access; then one CRC per block
+# what ChunkRecord.crcs are (tierfs.cache.disk computes them): 1 zlib CRC32 (before the
+# key existed in info), 2 CRC32C. A chunk record is only ever checked with its own kind.
+CHUNK_FORMAT = 2
 
 
 @dataclass
@@ -99,7 +104,7 @@ class ChunkRecord:
     length: int
     heat: float
     last_access: float
-    crcs: tuple[int, ...]  # crc32 of each checksum block of the chunk file
+    crcs: tuple[int, ...]  # CRC32C (CHUNK_FORMAT) of each checksum block of the chunk file
 
     def pack(self) -> bytes:
         return (_CHUNK.pack(self.length, self.heat, self.last_access)
@@ -114,6 +119,14 @@ class ChunkRecord:
 
 def _u64(n: int) -> bytes:
     return _U64.pack(n)
+
+
+def _chunk_format(raw: bytes | None) -> int:
+    """CHUNK_FORMAT of an index from its info value (none: an index older than the key)."""
+    try:
+        return int(raw) if raw is not None else 1
+    except ValueError:
+        return -1
 
 
 # ---- checking an index without risking a signal -------------------------------------------
@@ -350,6 +363,7 @@ class MetaStore:
                         "the cache starts empty", path, version, SCHEMA_VERSION, aside)
             self._open_env(path, map_size)
         fresh = self._check_identity(source)
+        self._check_chunk_format()
         if self.journal is None:
             self.journal = self._first_journal(jpath, cache_dir, fresh, salvage)
         else:
@@ -503,8 +517,10 @@ class MetaStore:
     def _apply_salvage(self, salvage: Salvage) -> None:
         """What a damaged index still yields: chunk records (ChunkCache.recover re-adopts
         the files whose size matches; reads verify every block), object info, pins."""
+        info = dict(salvage.records.get(b"info", ()))
+        same_format = _chunk_format(info.get(b"chunk_format")) == CHUNK_FORMAT
         with self.env.begin(write=True) as txn:
-            for k, v in salvage.records.get(b"chunks", ()):
+            for k, v in salvage.records.get(b"chunks", ()) if same_format else ():
                 try:
                     rec = ChunkRecord.unpack(v)
                 except struct.error:
@@ -782,6 +798,22 @@ class MetaStore:
             return [(bytes(k).decode(), json.loads(v)) for k, v in txn.cursor()]
 
     # ---- chunk index -----------------------------------------------------------------
+
+    def _check_chunk_format(self) -> None:
+        """Drop the chunk records of another CHUNK_FORMAT (their CRCs would fail every read,
+        or worse, be read as the wrong kind): the chunks are fetched again. Nothing else
+        in the index, and not the journal, is touched."""
+        with self.env.begin(write=True) as txn:
+            found = _chunk_format(txn.get(b"chunk_format", db=self._info))
+            if found == CHUNK_FORMAT:
+                return
+            dropped = txn.stat(self._chunks)["entries"]
+            txn.drop(self._chunks, delete=False)
+            txn.put(b"chunk_format", str(CHUNK_FORMAT).encode(), db=self._info)
+        if dropped:
+            log.info("cache index %s: %d chunk records of cache format %d dropped (this tierfs "
+                     "checks format %d); their chunk files are deleted and fetched again",
+                     self.path, dropped, found, CHUNK_FORMAT)
 
     def chunks(self) -> Iterator[tuple[bytes, ChunkRecord]]:
         with self.env.begin(db=self._chunks) as txn:

@@ -4,6 +4,7 @@ Built exactly as tierfs/daemon.py builds it (MetaStore + DiskTier + MemoryTier +
 with a fake clock and a statvfs that always reports plenty of space.
 """
 
+import logging
 import os
 
 import pytest
@@ -270,5 +271,40 @@ async def test_second_fill_of_a_cached_chunk_is_ignored(root):
         await rig.cache.fill(OBJ, ckey, data)
         await rig.cache.fill(OBJ, ckey, data)
         assert rig.cache.used_bytes == CHUNK
+    finally:
+        rig.close()
+
+
+async def test_chunk_records_of_an_older_cache_format_are_dropped_at_mount(root, caplog):
+    # a cache dir written by a tierfs whose chunk CRCs were zlib's CRC32 (no chunk_format
+    # in info): its records are dropped, the files deleted, the chunks fetched again; the
+    # journal of unsaved writes is not the index's to drop
+    rig = make_cache(root, cache_size=64 * CHUNK)
+    filled = await fill_some(rig, 3)
+    rig.meta.put_dirty(42, {"size": 5})
+    with rig.meta.env.begin(write=True) as txn:
+        txn.delete(b"chunk_format", db=rig.meta._info)
+    rig.close()
+
+    caplog.set_level(logging.INFO, logger="tierfs.meta")
+    rig = make_cache(root, cache_size=64 * CHUNK)
+    try:
+        said = [r.getMessage() for r in caplog.records if "cache format" in r.getMessage()]
+        assert len(said) == 1 and "3 chunk records of cache format 1 dropped" in said[0]
+        assert list(rig.meta.chunks()) == []
+        assert rig.cache.recover() == (0, 3)
+        assert chunk_files(root) == {}
+        for key in filled:
+            assert await rig.cache.read(key, 0, 3, touch=True) is None
+        assert [ino for ino, _ in rig.meta.dirty_records()] == [42]
+        await fill_some(rig, 1)
+    finally:
+        rig.close()
+
+    caplog.clear()
+    rig = make_cache(root, cache_size=64 * CHUNK)  # the next mount keeps what it filled
+    try:
+        assert not [r for r in caplog.records if "cache format" in r.getMessage()]
+        assert rig.cache.recover() == (1, 0)
     finally:
         rig.close()

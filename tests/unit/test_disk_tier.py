@@ -2,9 +2,11 @@
 
 import os
 
+import google_crc32c
 import pytest
 
-from tierfs.cache.disk import DiskTier
+from tierfs.cache import disk as disk_mod
+from tierfs.cache.disk import DiskTier, block_crcs
 from tierfs.cache.keys import ObjectVersion, chunk_index, chunk_name
 from tierfs.errors import CacheCorrupt
 
@@ -111,3 +113,43 @@ def test_delete_and_scan(disk):
     assert os.listdir(disk.tmp_dir) == []
     disk.delete_name(chunk_name(keys[0]))
     assert disk.scan() == {chunk_name(keys[2]): BS + 2}
+
+
+@pytest.mark.parametrize("length", [0, 1, BS, 3 * BS + 100])
+@pytest.mark.parametrize("c_path", [True, False])
+def test_block_crcs_are_crc32c_of_each_block(monkeypatch, length, c_path):
+    if not c_path:
+        monkeypatch.setattr(disk_mod, "_CRC", None)
+    data = os.urandom(length)
+    want = [google_crc32c.value(data[i:i + BS]) for i in range(0, max(length, 1), BS)]
+    for form in (data, bytearray(data), memoryview(bytearray(data))):
+        assert block_crcs(form, BS) == want
+
+
+def test_reads_from_the_page_cache_without_blocking_verify_too(disk):
+    ckey, data, crcs = written(disk)
+    assert disk.read_cached(ckey, len(data), crcs, 0, 0) is None  # no open fd yet
+    assert disk.read_blocks(ckey, len(data), crcs, 0, 3) == data  # opens and keeps it
+    if not disk_mod._RWF_NOWAIT:
+        pytest.skip("no RWF_NOWAIT here")
+    got = disk.read_cached(ckey, len(data), crcs, 1, 2)
+    assert got is not None and got.readonly and got == data[BS:3 * BS]
+    flip_byte(disk.path(ckey), 2 * BS + 1)  # in place: the kept fd sees it
+    with pytest.raises(CacheCorrupt, match="block 2"):
+        disk.read_cached(ckey, len(data), crcs, 1, 2)
+
+
+def test_open_files_are_bounded_and_closed_when_chunks_go(tmp_path):
+    disk = DiskTier(str(tmp_path), BS, open_files=2)
+    chunks = [written(disk, index=i) for i in range(3)]
+    for ckey, data, crcs in chunks:
+        assert disk.read_blocks(ckey, len(data), crcs, 0, 0) == data[:BS]
+    assert len(disk._fds) == 2
+    disk.delete(chunks[2][0])  # evicted: its fd must not keep the file's space
+    assert len(disk._fds) == 1
+    ckey, data, crcs = chunks[1]
+    new = disk.write(ckey, data)  # the chunk written again replaces the file
+    assert len(disk._fds) == 0 and new == crcs
+    assert disk.read_blocks(ckey, len(data), crcs, 0, 3) == data
+    disk.close()
+    assert len(disk._fds) == 0

@@ -2,7 +2,8 @@
 
 Contract (see docs/architecture.md, "Concurrency"):
 - everything here runs on the trio thread except DiskTier calls, which go to worker
-  threads; the in-memory index (`_index`) is only touched on the trio thread;
+  threads (but `DiskTier.read_cached`, which never blocks: page-cache hits are read on the
+  trio thread); the in-memory index (`_index`) is only touched on the trio thread;
 - the index is persisted to LMDB in batches by `flush_index` (at most a second behind):
   a crash loses recent index entries, whose files recovery then deletes as orphans;
 - a chunk whose blocks fail verification is dropped and reported as a miss, so the
@@ -123,8 +124,11 @@ class ChunkCache:
             self.metrics.cache_misses.inc()
             return None
         try:
-            data = await trio.to_thread.run_sync(self.disk.read_blocks, ckey, rec.length,
-                                                 rec.crcs, first, last)
+            # from the page cache on this thread when it can (no hand-off), else a worker's
+            data = self.disk.read_cached(ckey, rec.length, rec.crcs, first, last)
+            if data is None:
+                data = await trio.to_thread.run_sync(self.disk.read_blocks, ckey, rec.length,
+                                                     rec.crcs, first, last)
         except CacheCorrupt as exc:
             if self._index.get(ckey) is rec:  # a concurrent reader may have dropped it already
                 log.warning("dropping cached chunk: %s", exc)
@@ -134,8 +138,11 @@ class ChunkCache:
             return None
         self.metrics.cache_hits.labels("disk").inc()
         bs = self.block_size
+        # read-only views of the buffer read into: the memory tier keeps them without a copy
         if first == 0 and last == self.blocks_of(rec.length) - 1:
             self.memory.put((ckey, WHOLE), data)
+        elif first == last:
+            self.memory.put((ckey, first), data)
         else:
             for i, b in enumerate(range(first, last + 1)):
                 self.memory.put((ckey, b), data[i * bs:(i + 1) * bs])
@@ -280,6 +287,7 @@ class ChunkCache:
             rec = self._index.get(okey)
             if rec is None or nkey in self._index:
                 continue
+            self.disk.forget(nkey)  # an fd still kept for an earlier file of that name
             try:
                 await trio.to_thread.run_sync(os.link, self.disk.path(okey), self.disk.path(nkey))
             except FileNotFoundError:
@@ -309,6 +317,10 @@ class ChunkCache:
         while True:
             await trio.sleep(interval_s)
             await self.flush_index()
+
+    def close(self) -> None:
+        """Close the chunk files the disk tier keeps open (at shutdown, after the last read)."""
+        self.disk.close()
 
     def _publish(self) -> None:
         self.metrics.cache_bytes.labels("disk").set(self._used)

@@ -1,19 +1,34 @@
-"""The disk tier: chunk files on node-local NVMe, verified by per-block CRC32.
+"""The disk tier: chunk files on node-local NVMe, verified by per-block CRC32C.
 
 Layout under the cache dir: chunks/<2 hex>/<object id>.<index> and tmp/. A chunk is
 written to tmp/ and renamed into place, so a visible file is never half-written by us; it
 is not fsynced, because every read verifies the blocks it returns against the index and a
-torn or bit-rotted file is simply dropped and fetched again. All methods block: callers
-run them in worker threads.
+torn or bit-rotted file is simply dropped and fetched again.
+
+Reads: `read_cached` runs on the trio thread and answers only from the page cache
+(`preadv` with RWF_NOWAIT on a chunk file already open), so a warm read costs no thread
+hand-off; it returns None when the data is not there (EAGAIN, a short read, no open fd)
+and the caller runs `read_blocks` in a worker thread. Every other method blocks and runs
+in worker threads. Chunk files stay open in a bounded LRU of fds (`_Fds`), closed when the
+chunk is deleted or replaced, when it falls out of the LRU, and at `close()`.
+
+The CRCs are CRC32C (hardware, google_crc32c): meta.CHUNK_FORMAT 2. meta.py keeps the
+format in the index and drops the chunk records of any other (format 1 was zlib's CRC32)
+at mount; their files are then orphans that ChunkCache.recover deletes.
 """
 
 from __future__ import annotations
 
+import ctypes
 import mmap
 import os
 import queue
-import zlib
+import threading
+import weakref
+from collections import OrderedDict
 from typing import Callable
+
+import google_crc32c
 
 from ..errors import CacheCorrupt
 from .keys import chunk_name
@@ -21,10 +36,128 @@ from .keys import chunk_name
 _ALIGN = 4096
 _DIRECT_MIN = 1 << 20  # small chunks: buffered writes are cheaper than the copy
 _POOLED = 4  # aligned buffers kept for reuse (the Fetcher runs 4 disk writes at once)
+_NOWAIT_MAX = 256 << 10  # bigger reads go to a worker thread: they would stall the trio
+#                          thread for milliseconds, and one hand-off per 8 MiB is cheap
+_FDS_MAX = 256  # chunk files kept open (a 2 GiB working set of 8 MiB chunks)
+_RWF_NOWAIT = getattr(os, "RWF_NOWAIT", 0)
+
+
+def _c_crc32c() -> Callable[[int, int, int], int] | None:
+    """crc32c_extend(crc, address, length) of the C library google_crc32c wraps: its
+    Python entry points take read-only bytes only, which would cost a copy of every block
+    of a buffer we read into; this one takes any address and releases the GIL."""
+    if google_crc32c.implementation != "c":
+        return None
+    try:
+        from google_crc32c import _crc32c  # type: ignore[attr-defined]
+        fn = ctypes.CDLL(_crc32c.__file__).crc32c_extend
+    except (ImportError, OSError, AttributeError):
+        return None
+    fn.restype = ctypes.c_uint32
+    fn.argtypes = [ctypes.c_uint32, ctypes.c_void_p, ctypes.c_size_t]
+    probe = b"123456789"  # the CRC32C check value
+    if fn(0, ctypes.cast(ctypes.c_char_p(probe), ctypes.c_void_p), len(probe)) != 0xE3069283:
+        return None
+    return fn  # type: ignore[no-any-return]
+
+
+_CRC = _c_crc32c()
+
+
+def block_crcs(data: bytes | bytearray | memoryview | mmap.mmap, block_size: int) -> list[int]:
+    """CRC32C of each block_size block of data (one CRC of nothing for empty data)."""
+    view = memoryview(data)
+    n = len(view)
+    if _CRC is not None and n and not view.readonly:
+        base = ctypes.addressof((ctypes.c_char * n).from_buffer(view))
+        return [_CRC(0, base + i, min(block_size, n - i)) for i in range(0, n, block_size)]
+    if isinstance(data, bytes) and n <= block_size:
+        return [google_crc32c.value(data)]
+    return [google_crc32c.value(bytes(view[i:i + block_size]))
+            for i in range(0, max(n, 1), block_size)]
+
+
+class _Fd:
+    __slots__ = ("fd", "users", "dead")
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.users = 0
+        self.dead = False
+
+
+class _Fds:
+    """Open chunk files, LRU-bounded, shared by the trio thread and worker threads.
+
+    An fd is closed only once no read is using it (`users`): closing it under a reader
+    could hand its number to another file mid-read. `forget` (a chunk deleted or replaced)
+    bumps an epoch, so an open that raced it is used once and not kept: an fd of a deleted
+    file would pin its disk space.
+    """
+
+    def __init__(self, limit: int) -> None:
+        self._lock = threading.Lock()
+        self._open: OrderedDict[bytes, _Fd] = OrderedDict()
+        self._limit = limit
+        self._epoch = 0
+
+    def acquire(self, ckey: bytes) -> _Fd | None:
+        with self._lock:
+            h = self._open.get(ckey)
+            if h is not None:
+                self._open.move_to_end(ckey)
+                h.users += 1
+            return h
+
+    def open(self, ckey: bytes, path: str) -> _Fd:
+        """An fd for the chunk (blocking: opens the file unless one is kept), in use."""
+        h = self.acquire(ckey)
+        if h is not None:
+            return h
+        epoch = self._epoch
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        h = _Fd(fd)
+        h.users = 1
+        with self._lock:
+            if epoch != self._epoch or ckey in self._open:
+                h.dead = True  # used for this read only
+                return h
+            self._open[ckey] = h
+            while len(self._open) > self._limit:
+                _, old = self._open.popitem(last=False)
+                self._retire(old)
+        return h
+
+    def release(self, h: _Fd) -> None:
+        with self._lock:
+            h.users -= 1
+            if h.dead and h.users == 0:
+                os.close(h.fd)
+
+    def forget(self, ckey: bytes) -> None:
+        with self._lock:
+            self._epoch += 1
+            h = self._open.pop(ckey, None)
+            if h is not None:
+                self._retire(h)
+
+    def close_all(self) -> None:
+        with self._lock:
+            self._epoch += 1
+            while self._open:
+                self._retire(self._open.popitem()[1])
+
+    def _retire(self, h: _Fd) -> None:  # under the lock
+        h.dead = True
+        if h.users == 0:
+            os.close(h.fd)
+
+    def __len__(self) -> int:
+        return len(self._open)
 
 
 class DiskTier:
-    def __init__(self, root: str, block_size: int) -> None:
+    def __init__(self, root: str, block_size: int, *, open_files: int = _FDS_MAX) -> None:
         self.root = root
         self.block_size = block_size
         self.chunk_dir = os.path.join(root, "chunks")
@@ -33,15 +166,16 @@ class DiskTier:
         os.makedirs(self.tmp_dir, exist_ok=True)
         self._direct_ok = hasattr(os, "O_DIRECT")
         self._buffers: queue.SimpleQueue[mmap.mmap] = queue.SimpleQueue()
+        self._fds = _Fds(open_files)
+        # a tier dropped without close() (a test's core) still closes its files
+        self._finalizer = weakref.finalize(self, self._fds.close_all)
 
     def path(self, ckey: bytes) -> str:
         name = chunk_name(ckey)
         return os.path.join(self.chunk_dir, name[:2], name)
 
-    def checksums(self, data: bytes | memoryview) -> tuple[int, ...]:
-        bs = self.block_size
-        view = memoryview(data)
-        return tuple(zlib.crc32(view[i:i + bs]) for i in range(0, max(len(data), 1), bs))
+    def checksums(self, data: bytes | bytearray | memoryview) -> tuple[int, ...]:
+        return tuple(block_crcs(data, self.block_size))
 
     def write(self, ckey: bytes, data: bytes) -> tuple[int, ...]:
         def copy(view: memoryview) -> None:
@@ -66,6 +200,7 @@ class DiskTier:
                     f.write(view[:length])
             os.makedirs(os.path.dirname(path), exist_ok=True)
             os.replace(tmp, path)
+            self._fds.forget(ckey)  # an fd kept for a file this one replaced
             return self.checksums(view[:length])
         finally:
             view.release()
@@ -103,33 +238,80 @@ class DiskTier:
             os.close(fd)
         return True
 
-    def read_blocks(self, ckey: bytes, length: int, crcs: tuple[int, ...], first: int,
-                    last: int) -> bytes:
-        """Bytes of blocks first..last (inclusive) of a chunk, each block verified."""
-        bs = self.block_size
-        start = first * bs
-        want = min(length, (last + 1) * bs) - start
+    # ---- reads -----------------------------------------------------------------------
+
+    def read_cached(self, ckey: bytes, length: int, crcs: tuple[int, ...], first: int,
+                    last: int) -> memoryview | None:
+        """`read_blocks` without blocking (for the trio thread): None unless the chunk's
+        file is open already and the blocks are all in the page cache."""
+        if not _RWF_NOWAIT:
+            return None
+        start, want = self._span(length, first, last)
+        if want > _NOWAIT_MAX:
+            return None
+        h = self._fds.acquire(ckey)
+        if h is None:
+            return None
         try:
-            fd = os.open(self.path(ckey), os.O_RDONLY)
+            buf = bytearray(want)
+            try:
+                got = os.preadv(h.fd, [buf], start, _RWF_NOWAIT)
+            except BlockingIOError:
+                return None
+            except OSError as exc:  # EOPNOTSUPP on a filesystem without it
+                if exc.errno == 95:
+                    return None
+                raise CacheCorrupt(f"chunk file {chunk_name(ckey)}: {exc.strerror}") from None
+        finally:
+            self._fds.release(h)
+        if got != want:  # part not cached, or the file is short: a blocking read says which
+            return None
+        return self._verified(ckey, buf, crcs, first, last)
+
+    def read_blocks(self, ckey: bytes, length: int, crcs: tuple[int, ...], first: int,
+                    last: int) -> memoryview:
+        """Bytes of blocks first..last (inclusive) of a chunk, each block verified: a
+        read-only view of a buffer nobody writes again."""
+        start, want = self._span(length, first, last)
+        try:
+            h = self._fds.open(ckey, self.path(ckey))
         except FileNotFoundError:
             raise CacheCorrupt(f"chunk file {chunk_name(ckey)} is missing") from None
+        buf = bytearray(want)
         try:
-            buf = os.pread(fd, want, start)
+            got = os.preadv(h.fd, [buf], start)
         finally:
-            os.close(fd)
-        if len(buf) != want:
+            self._fds.release(h)
+        if got != want:
             raise CacheCorrupt(f"chunk file {chunk_name(ckey)} is short")
-        view = memoryview(buf)
-        for i, b in enumerate(range(first, last + 1)):
-            if zlib.crc32(view[i * bs:(i + 1) * bs]) != crcs[b]:
+        return self._verified(ckey, buf, crcs, first, last)
+
+    def _span(self, length: int, first: int, last: int) -> tuple[int, int]:
+        start = first * self.block_size
+        return start, min(length, (last + 1) * self.block_size) - start
+
+    def _verified(self, ckey: bytes, buf: bytearray, crcs: tuple[int, ...], first: int,
+                  last: int) -> memoryview:
+        for b, crc in enumerate(block_crcs(buf, self.block_size), first):
+            if crc != crcs[b]:
                 raise CacheCorrupt(f"chunk file {chunk_name(ckey)} block {b} fails its checksum")
-        return buf
+        return memoryview(buf).toreadonly()
+
+    # ---- removal ---------------------------------------------------------------------
 
     def delete(self, ckey: bytes) -> None:
+        self._fds.forget(ckey)
         try:
             os.unlink(self.path(ckey))
         except FileNotFoundError:
             pass
+
+    def forget(self, ckey: bytes) -> None:
+        """Close the chunk's kept fd, if any (its file is replaced or about to go)."""
+        self._fds.forget(ckey)
+
+    def close(self) -> None:
+        self._fds.close_all()
 
     def scan(self) -> dict[str, int]:
         """Clear tmp/ and return {chunk file name: size} of every chunk file present."""

@@ -1,16 +1,23 @@
 """The memory tier: a byte-bounded LRU of verified blocks in front of the disk tier.
 
-Keys are (chunk key, WHOLE) for a whole chunk, stored as fetched without a copy, or
-(chunk key, block number) for single blocks a partial disk read brought in. Values are
-immutable bytes, so a reader may keep a reference after the entry is evicted. LRU suffices here: the disk tier's heat ordering
-is what protects the working set from scans; this tier only absorbs re-reads.
+Keys are (chunk key, WHOLE) for a whole chunk, or (chunk key, block number) for single
+blocks a partial disk read brought in. Values are kept as they arrived, never copied: the
+bytes of a GET, or read-only views of the buffer a disk read verified (a partial read's
+blocks are slices of one buffer, which lives while any of them does). Nobody writes to
+them, so a reader may keep a reference after the entry is evicted. LRU suffices here: the
+disk tier's heat ordering is what protects the working set from scans; this tier only
+absorbs re-reads.
 """
 
 from __future__ import annotations
 
+from typing import Union
+
 from cachetools import LRUCache
 
 WHOLE = -1
+
+Block = Union[bytes, memoryview]  # immutable bytes or a read-only view
 
 
 class MemoryTier:
@@ -19,10 +26,10 @@ class MemoryTier:
         self._lru: LRUCache | None = (LRUCache(maxsize=capacity_bytes, getsizeof=len)
                                       if capacity_bytes > 0 else None)
 
-    def get(self, key: tuple[bytes, int]) -> bytes | None:
+    def get(self, key: tuple[bytes, int]) -> Block | None:
         return self._lru.get(key) if self._lru is not None else None
 
-    def put(self, key: tuple[bytes, int], data: bytes) -> None:
+    def put(self, key: tuple[bytes, int], data: Block) -> None:
         if self._lru is not None and len(data) <= self.capacity:
             self._lru[key] = data
 
