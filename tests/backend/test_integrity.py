@@ -129,3 +129,26 @@ def test_a_crc_list_for_another_size_is_not_used():
     meta = chunk_crcs_metadata(CS, crcs_of(data + b"more"))  # 3 CRCs for a 2-chunk object
     got = Received("k", 0, len(data), "ab-2", metadata=meta)
     assert verify(got, memoryview(flipped(data, 3))) == []
+
+
+def test_a_body_is_checked_once_by_the_cheapest_check_that_covers_it():
+    data = os.urandom(2 * CS)
+    md5 = hashlib.md5(data).hexdigest()
+    sums = {"sha256": base64.b64encode(hashlib.sha256(data).digest()).decode(),
+            "crc32c": base64.b64encode(struct.pack(">I", crc32c(data))).decode()}
+    meta = chunk_crcs_metadata(CS, crcs_of(data))
+    # tierfs's chunk CRCs cover it whole: neither the checksums nor the MD5 run again
+    got = Received("k", 0, len(data), md5, checksums=sums, metadata=meta)
+    assert verify(got, memoryview(data)) == [integrity.CHECK_CHUNK_CRC]
+    # no CRC list: the CRC32C checksum, not the SHA-256 nor the MD5
+    got = Received("k", 0, len(data), md5, checksums=sums)
+    assert verify(got, memoryview(data)) == ["checksum_crc32c"]
+    # whichever check runs, a flipped bit is caught
+    for meta_ in (meta, {}):
+        got = Received("k", 0, len(data), md5, checksums=sums, metadata=meta_)
+        with pytest.raises(IntegrityError):
+            verify(got, memoryview(flipped(data, CS + 3)))
+    # a CRC list that is not of this object is not a check: the MD5 runs
+    meta = chunk_crcs_metadata(CS, crcs_of(data + b"more"))
+    got = Received("k", 0, len(data), md5, metadata=meta)
+    assert verify(got, memoryview(data)) == [integrity.CHECK_MD5]

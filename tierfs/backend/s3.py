@@ -103,7 +103,8 @@ class S3Backend:
         config = Config(
             s3={"addressing_style": "path"},
             # RGW rejects botocore>=1.36 default checksums on uploads; GET bodies are
-            # verified by tierfs/integrity.py (botocore checks only a body read to its end)
+            # verified by tierfs/integrity.py, and read below botocore's StreamingBody
+            # (_body_reader), so botocore computes no second checksum of them
             request_checksum_calculation="when_required",
             response_checksum_validation="when_required",
             # total_max_attempts counts the first try too ("max_attempts" here would not)
