@@ -1166,6 +1166,30 @@ def finish(bench, root: str, ok: bool, keep: bool, also_mounted: tuple[str, ...]
         shutil.rmtree(root, ignore_errors=True)
 
 
+HISTORY = os.path.join(HERE, "history.tsv")
+HISTORY_COLS = ("date", "git_sha", "tierfs_code", "row", "measure", "unit", "tierfs",
+                "ceiling_name", "ceiling", "ratio", "status", "load")
+
+
+def append_history(rows: list[Row], info: dict, code: str, started: datetime.datetime,
+                   path: str = HISTORY) -> str:
+    """The regression guard: a complete `--quick` run appends one line per row (its ratio to
+    the same-run ceiling, the commit) to bench/history.tsv; the header is written once."""
+    clean = lambda v: str(v).replace("\t", " ").replace("\n", " ")  # noqa: E731
+    new = not os.path.exists(path) or os.path.getsize(path) == 0
+    load = f"{os.getloadavg()[0]:.1f}"
+    with open(path, "a") as f:
+        if new:
+            f.write("\t".join(HISTORY_COLS) + "\n")
+        for r in sorted(rows, key=lambda r: r.row):
+            cells = (started.strftime("%Y-%m-%dT%H:%MZ"), info["git_sha"][:12], code, r.row,
+                     r.measure, r.unit, "" if r.tierfs is None else f"{r.tierfs:.4g}",
+                     r.ceiling_name, "" if r.ceiling is None else f"{r.ceiling:.4g}",
+                     "" if r.ratio is None else f"{r.ratio:.3f}", r.status, load)
+            f.write("\t".join(clean(c) for c in cells) + "\n")
+    return path
+
+
 def code_label(ref: str | None) -> tuple[dict, str]:
     """(git facts, which tierfs code ran) for the table header and the JSON lines."""
     info = git_info()
@@ -1223,6 +1247,8 @@ def main() -> int:
               f"load {os.getloadavg()[0]:.1f}  {time.perf_counter() - t0:.0f}s")
     if bench.rows:
         print_table(bench.rows, header)
+    if args.quick and ok and bench.rows:
+        log(f"appended {len(bench.rows)} rows to {append_history(bench.rows, info, code, started)}")
     if args.json and bench.rows:
         meta = dict(info, ts=started.isoformat(), tierfs_code=code, size_mib=plan.large // MiB, quick=args.quick,
                     complete=ok, nproc=os.cpu_count())
