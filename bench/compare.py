@@ -231,6 +231,8 @@ class Peer(System):
     def unmount(self) -> None:
         if os.path.ismount(self.mnt):
             subprocess.run(["fusermount3", "-u", self.mnt], capture_output=True)
+        elif self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()  # started but never mounted: nothing to unmount
         if self.proc is not None:
             try:
                 self.proc.wait(60)
