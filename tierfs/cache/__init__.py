@@ -138,14 +138,15 @@ class ChunkCache:
             return None
         self.metrics.cache_hits.labels("disk").inc()
         bs = self.block_size
-        # read-only views of the buffer read into: the memory tier keeps them without a copy
+        # the memory tier keeps what was read, or views of it, without a copy
         if first == 0 and last == self.blocks_of(rec.length) - 1:
             self.memory.put((ckey, WHOLE), data)
         elif first == last:
             self.memory.put((ckey, first), data)
         else:
+            view = memoryview(data)
             for i, b in enumerate(range(first, last + 1)):
-                self.memory.put((ckey, b), data[i * bs:(i + 1) * bs])
+                self.memory.put((ckey, b), view[i * bs:(i + 1) * bs])
         if touch:
             self.touch(ckey)
         self._publish()

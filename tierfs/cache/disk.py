@@ -68,8 +68,13 @@ def block_crcs(data: bytes | bytearray | memoryview | mmap.mmap, block_size: int
     """CRC32C of each block_size block of data (one CRC of nothing for empty data)."""
     view = memoryview(data)
     n = len(view)
-    if _CRC is not None and n and not view.readonly:
-        base = ctypes.addressof((ctypes.c_char * n).from_buffer(view))
+    if _CRC is not None and n and (isinstance(data, bytes) or not view.readonly):
+        # bytes: the address of their own buffer (c_char_p does not copy), valid while
+        # `data` lives; a writable buffer: a ctypes array over it
+        base = (ctypes.cast(ctypes.c_char_p(data), ctypes.c_void_p).value
+                if isinstance(data, bytes)
+                else ctypes.addressof((ctypes.c_char * n).from_buffer(view)))
+        assert base is not None
         return [_CRC(0, base + i, min(block_size, n - i)) for i in range(0, n, block_size)]
     if isinstance(data, bytes) and n <= block_size:
         return [google_crc32c.value(data)]
@@ -118,42 +123,53 @@ class _Fds:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         h = _Fd(fd)
         h.users = 1
+        closing = []
         with self._lock:
             if epoch != self._epoch or ckey in self._open:
                 h.dead = True  # used for this read only
                 return h
             self._open[ckey] = h
             while len(self._open) > self._limit:
-                _, old = self._open.popitem(last=False)
-                self._retire(old)
+                closing.append(self._retire(self._open.popitem(last=False)[1]))
+        _close(closing)
         return h
 
     def release(self, h: _Fd) -> None:
         with self._lock:
             h.users -= 1
-            if h.dead and h.users == 0:
-                os.close(h.fd)
+            last = h.dead and h.users == 0
+        if last:
+            os.close(h.fd)
 
     def forget(self, ckey: bytes) -> None:
         with self._lock:
             self._epoch += 1
             h = self._open.pop(ckey, None)
-            if h is not None:
-                self._retire(h)
+            closing = [self._retire(h)] if h is not None else []
+        _close(closing)
 
     def close_all(self) -> None:
         with self._lock:
             self._epoch += 1
-            while self._open:
-                self._retire(self._open.popitem()[1])
+            closing = [self._retire(h) for h in self._open.values()]
+            self._open.clear()
+        _close(closing)
 
-    def _retire(self, h: _Fd) -> None:  # under the lock
+    def _retire(self, h: _Fd) -> int | None:
+        """Mark a kept fd gone (under the lock); the fd to close now, unless a read still
+        uses it (its release closes it). Closed outside the lock: the last close of a
+        deleted file frees its blocks, which the trio thread must not wait for."""
         h.dead = True
-        if h.users == 0:
-            os.close(h.fd)
+        return h.fd if h.users == 0 else None
 
     def __len__(self) -> int:
         return len(self._open)
+
+
+def _close(fds: list[int | None]) -> None:
+    for fd in fds:
+        if fd is not None:
+            os.close(fd)
 
 
 class DiskTier:
@@ -266,36 +282,36 @@ class DiskTier:
             self._fds.release(h)
         if got != want:  # part not cached, or the file is short: a blocking read says which
             return None
-        return self._verified(ckey, buf, crcs, first, last)
+        self._verify(ckey, buf, crcs, first)
+        return memoryview(buf).toreadonly()  # nobody writes to buf again
 
     def read_blocks(self, ckey: bytes, length: int, crcs: tuple[int, ...], first: int,
-                    last: int) -> memoryview:
-        """Bytes of blocks first..last (inclusive) of a chunk, each block verified: a
-        read-only view of a buffer nobody writes again."""
+                    last: int) -> bytes:
+        """Bytes of blocks first..last (inclusive) of a chunk, each block verified."""
         start, want = self._span(length, first, last)
         try:
             h = self._fds.open(ckey, self.path(ckey))
         except FileNotFoundError:
             raise CacheCorrupt(f"chunk file {chunk_name(ckey)} is missing") from None
-        buf = bytearray(want)
         try:
-            got = os.preadv(h.fd, [buf], start)
+            # a pread into new bytes costs half a preadv into a bytearray (zeroed first)
+            buf = os.pread(h.fd, want, start)
         finally:
             self._fds.release(h)
-        if got != want:
+        if len(buf) != want:
             raise CacheCorrupt(f"chunk file {chunk_name(ckey)} is short")
-        return self._verified(ckey, buf, crcs, first, last)
+        self._verify(ckey, buf, crcs, first)
+        return buf
 
     def _span(self, length: int, first: int, last: int) -> tuple[int, int]:
         start = first * self.block_size
         return start, min(length, (last + 1) * self.block_size) - start
 
-    def _verified(self, ckey: bytes, buf: bytearray, crcs: tuple[int, ...], first: int,
-                  last: int) -> memoryview:
+    def _verify(self, ckey: bytes, buf: bytes | bytearray, crcs: tuple[int, ...],
+                first: int) -> None:
         for b, crc in enumerate(block_crcs(buf, self.block_size), first):
             if crc != crcs[b]:
                 raise CacheCorrupt(f"chunk file {chunk_name(ckey)} block {b} fails its checksum")
-        return memoryview(buf).toreadonly()
 
     # ---- removal ---------------------------------------------------------------------
 

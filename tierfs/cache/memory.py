@@ -2,11 +2,11 @@
 
 Keys are (chunk key, WHOLE) for a whole chunk, or (chunk key, block number) for single
 blocks a partial disk read brought in. Values are kept as they arrived, never copied: the
-bytes of a GET, or read-only views of the buffer a disk read verified (a partial read's
-blocks are slices of one buffer, which lives while any of them does). Nobody writes to
-them, so a reader may keep a reference after the entry is evicted. LRU suffices here: the
-disk tier's heat ordering is what protects the working set from scans; this tier only
-absorbs re-reads.
+bytes of a GET or of a disk read, or read-only views (a page-cache read's buffer; a
+partial read's blocks, views of one buffer that lives while any of them does). Nobody
+writes to them, so a reader may keep a reference after the entry is evicted. LRU suffices
+here: the disk tier's heat ordering is what protects the working set from scans; this
+tier only absorbs re-reads.
 """
 
 from __future__ import annotations
