@@ -32,12 +32,15 @@ import sys
 import time
 import zlib
 from dataclasses import asdict, dataclass, field
+from typing import Callable, Sequence
 
 import lmdb
 
+from .cache.disk import block_crcs
 from .errors import TierfsError
 from .journal import JOURNAL_NAME, JournalState, scan_file, write_file
-from .meta import ChunkRecord, MetaStore, probe_index, salvage_index, set_aside
+from .meta import (ChunkRecord, MetaStore, chunk_format, probe_index, salvage_index,
+                   set_aside)
 
 CLEAN, PROBLEMS, USAGE = 0, 1, 2
 _BLOCK_SIZES = [1 << n for n in range(12, 27)]  # 4 KiB .. 64 MiB: what --chunk-size allows
@@ -220,7 +223,17 @@ def _rewrite_without(jpath: str, ino: int) -> None:
 # ---- the chunk index --------------------------------------------------------------------
 
 
-def _verify(path: str, rec: ChunkRecord) -> str | None:
+def _crcs_of(fmt: int) -> Callable[[bytes, int], Sequence[int]]:
+    """The block checksum of an index's chunk format (meta.CHUNK_FORMAT: 2 is CRC32C,
+    1 zlib's CRC32, which a mount of this tierfs drops but fsck still checks)."""
+    if fmt == 1:
+        return lambda data, bs: [zlib.crc32(data[i:i + bs])
+                                 for i in range(0, max(len(data), 1), bs)]
+    return block_crcs
+
+
+def _verify(path: str, rec: ChunkRecord,
+            crcs_of: Callable[[bytes, int], Sequence[int]] = block_crcs) -> str | None:
     """What is wrong with a chunk file against its record, or None."""
     try:
         with open(path, "rb") as f:
@@ -233,7 +246,7 @@ def _verify(path: str, rec: ChunkRecord) -> str | None:
     for bs in _BLOCK_SIZES:
         if max(1, -(-rec.length // bs)) != n:
             continue
-        crcs = tuple(zlib.crc32(data[i:i + bs]) for i in range(0, max(len(data), 1), bs))
+        crcs = crcs_of(data, bs)
         if crcs[0] != rec.crcs[0] and n > 1:
             continue  # not this block size
         bad = [b for b, (a, e) in enumerate(zip(crcs, rec.crcs)) if a != e]
@@ -283,6 +296,7 @@ def check_index(cache_dir: str, report: Report, problem: str | None) -> None:
             except lmdb.NotFoundError:
                 chunks_db = None
             bad: list[bytes] = []
+            crcs_of = _crcs_of(_index_chunk_format(env))
             if chunks_db is not None:
                 with env.begin(db=chunks_db) as txn:
                     records = [(bytes(k), ChunkRecord.unpack(v)) for k, v in txn.cursor()]
@@ -295,7 +309,7 @@ def check_index(cache_dir: str, report: Report, problem: str | None) -> None:
                         continue
                     report.chunks_checked += 1
                     report.bytes_checked += rec.length
-                    why = _verify(path, rec)
+                    why = _verify(path, rec, crcs_of)
                     if why is not None:
                         report.add("chunk", path, why)
                         bad.append(key)
@@ -356,6 +370,15 @@ def fsck(cache_dir: str, *, repair: bool) -> Report:
     finally:
         os.close(fd)
     return report
+
+
+def _index_chunk_format(env: lmdb.Environment) -> int:
+    try:
+        info = env.open_db(b"info", create=False)
+    except lmdb.NotFoundError:
+        return 1
+    with env.begin(db=info) as txn:
+        return chunk_format(txn.get(b"chunk_format"))
 
 
 def _marked(index: str) -> bool:

@@ -121,7 +121,7 @@ def _u64(n: int) -> bytes:
     return _U64.pack(n)
 
 
-def _chunk_format(raw: bytes | None) -> int:
+def chunk_format(raw: bytes | None) -> int:
     """CHUNK_FORMAT of an index from its info value (none: an index older than the key)."""
     try:
         return int(raw) if raw is not None else 1
@@ -518,7 +518,7 @@ class MetaStore:
         """What a damaged index still yields: chunk records (ChunkCache.recover re-adopts
         the files whose size matches; reads verify every block), object info, pins."""
         info = dict(salvage.records.get(b"info", ()))
-        same_format = _chunk_format(info.get(b"chunk_format")) == CHUNK_FORMAT
+        same_format = chunk_format(info.get(b"chunk_format")) == CHUNK_FORMAT
         with self.env.begin(write=True) as txn:
             for k, v in salvage.records.get(b"chunks", ()) if same_format else ():
                 try:
@@ -804,7 +804,7 @@ class MetaStore:
         or worse, be read as the wrong kind): the chunks are fetched again. Nothing else
         in the index, and not the journal, is touched."""
         with self.env.begin(write=True) as txn:
-            found = _chunk_format(txn.get(b"chunk_format", db=self._info))
+            found = chunk_format(txn.get(b"chunk_format", db=self._info))
             if found == CHUNK_FORMAT:
                 return
             dropped = txn.stat(self._chunks)["entries"]
