@@ -50,8 +50,14 @@ class Fetcher:
         # chunk -> (when a reader's GET of it failed, what failed): see FAILED_MEMO_S
         self._failed: dict[bytes, tuple[float, BackendError]] = {}
         self.failed_memo_s = FAILED_MEMO_S
-        # bounds the fetched bytes waiting for the disk tier: backpressure, not a pile-up
-        self._disk_writes = trio.Semaphore(disk_writers)
+        # fetched chunks not yet on disk (the disk tier writes them in the background):
+        # while there are `disk_writers` of them, a new GET waits for one to be written.
+        # Backpressure on fetching, not a pile-up in memory; never on a reader's bytes,
+        # which it gets as soon as its GET is verified
+        self.max_unstored = disk_writers
+        self._unstored = 0
+        self._stored_one = trio.Event()
+        self._disk_writes = trio.Semaphore(disk_writers)  # chunk files written at once
 
     def chunk_length(self, obj: ObjectVersion, index: int) -> int:
         return max(0, min(self.chunk_size, obj.size - index * self.chunk_size))
@@ -113,7 +119,13 @@ class Fetcher:
         while True:
             flight = self._flights.get(ckey)
             if flight is None:
-                break
+                self._recent_failure(obj, index, ckey)  # read-ahead does not hammer it either
+                if self._unstored < self.max_unstored:
+                    break
+                # the disk tier is behind: wait for it before fetching more (then look
+                # again: another caller may have fetched this chunk meanwhile)
+                await self._stored_one.wait()
+                continue
             if access:
                 flight.joined += 1
                 access = False
@@ -127,25 +139,24 @@ class Fetcher:
                 hit = await self.cache.read(ckey, 0, last, touch=False)
                 if hit is not None:
                     return hit[0]
-        self._recent_failure(obj, index, ckey)  # read-ahead does not hammer it either
         flight, data = await self._get(obj, index, ckey, background=background)
         self.cache.remember(ckey, data)
         # the flight (holding the bytes) stays until the disk tier has the chunk: with a
-        # small or no memory tier, a reader arriving meanwhile must not fetch it again
-        try:
-            await self._disk_writes.acquire()
-        except BaseException:
-            self._settle(ckey, flight)
-            raise
+        # small or no memory tier, a reader arriving meanwhile must not fetch it again.
+        # The caller returns now; the disk write is the fill task's.
+        self._unstored += 1
         self._tasks.spawn("fill", self._store, obj, ckey, data, flight)
         return data
 
     async def _store(self, obj: ObjectVersion, ckey: bytes, data: bytes, flight: _Flight) -> None:
         try:
-            await self.cache.fill(obj, ckey, data)
+            async with self._disk_writes:
+                await self.cache.fill(obj, ckey, data)
         finally:
+            self._unstored -= 1
+            self._stored_one.set()
+            self._stored_one = trio.Event()
             self._settle(ckey, flight)
-            self._disk_writes.release()
 
     def _settle(self, ckey: bytes, flight: _Flight) -> None:
         """The flight is over: joiners' accesses go to the stored chunk, waiters wake."""

@@ -1,7 +1,10 @@
 """Read-ahead: detects sequential readers and brings the next chunks in ahead of them.
 
-A handle whose reads continue where the last one ended is sequential; its window starts
-at one chunk and doubles up to readahead_chunks. Upcoming chunks that are on disk are
+A handle whose reads continue where the last one ended is sequential. A read at offset 0
+reads one chunk ahead (a program that looks at a file's header costs one chunk more);
+once the next read continues it, the window is SEQUENTIAL_WINDOW chunks at once, then
+doubles with each read up to readahead_chunks: a sequential reader has that many GETs
+in flight from its second read, not its fourth. Upcoming chunks that are on disk are
 loaded into the memory tier, the others fetched from the backend at background priority.
 `on_read` never blocks a reader: when more than `max_queued` chunks are already being
 read ahead, new requests are dropped (and counted), not queued.
@@ -26,6 +29,9 @@ from .metrics import Metrics
 from .tasks import Tasks, expected_error
 
 log = logging.getLogger(__name__)
+
+# the read-ahead window (in chunks) of a reader as soon as it is seen to be sequential
+SEQUENTIAL_WINDOW = 4
 
 
 @dataclass
@@ -53,7 +59,9 @@ class Prefetcher:
     def on_read(self, obj: ObjectVersion, pat: ReadPattern, offset: int, end: int) -> None:
         cs = self.fetcher.chunk_size
         # small slop: the kernel may skip or re-issue a few pages at readahead boundaries
-        if pat.next_offset and abs(offset - pat.next_offset) <= 128 << 10 or offset == 0:
+        if pat.next_offset and abs(offset - pat.next_offset) <= 128 << 10:
+            pat.window = min(self.max_window, max(SEQUENTIAL_WINDOW, pat.window * 2))
+        elif offset == 0:
             pat.window = min(self.max_window, max(1, pat.window * 2))
         else:
             pat.window = 0

@@ -329,3 +329,36 @@ async def test_back_to_back_reads_without_a_memory_tier_make_one_get(tmp_path):
         assert await c.io.read(h.fh, 0, 100) == data[:100]
         assert await c.io.read(h.fh, 100, 100) == data[100:200]
         assert c.gets() == 1
+
+
+async def test_a_slow_disk_never_holds_back_fetched_bytes_and_bounds_the_backlog(tmp_path):
+    # the disk tier's writes hang: each reader still gets its bytes from its GET; after
+    # max_unstored chunks wait for the disk, the next GET waits for a write to end
+    import threading
+
+    data = os.urandom(8 * CS)
+    release = threading.Event()
+    async with core(str(tmp_path), readahead=1) as c:
+        write(c.src, "f.bin", data)
+        node = await resolve(c.ns, "f.bin")
+        disk = c.core.disk
+        real_write = disk.write
+        disk.write = lambda ckey, chunk: release.wait(30) and real_write(ckey, chunk)
+        limit = c.fetcher.max_unstored
+        try:
+            for i in range(limit):  # each read is its own: random offsets, no read-ahead
+                h, _ = await c.io.open(node.ino)
+                off = (limit - i) * CS + 7
+                with trio.fail_after(10):
+                    assert await c.io.read(h.fh, off, 100) == data[off:off + 100]
+            assert c.gets() == limit
+            h, _ = await c.io.open(node.ino)
+            with trio.move_on_after(0.3):
+                await c.io.read(h.fh, 7, 100)
+                raise AssertionError("a GET started while the disk was max_unstored behind")
+            assert c.gets() == limit
+        finally:
+            release.set()
+        with trio.fail_after(10):
+            assert await c.io.read(h.fh, 7, 100) == data[7:107]
+        assert c.gets() == limit + 1
