@@ -125,6 +125,11 @@ class Fetcher:
                 # the disk tier is behind: wait for it before fetching more (then look
                 # again: another caller may have fetched this chunk meanwhile)
                 await self._stored_one.wait()
+                if self.cache.has(ckey) or self.cache.in_memory(ckey, 0, 0) is not None:
+                    last = self.cache.blocks_of(self.chunk_length(obj, index)) - 1
+                    hit = await self.cache.read(ckey, 0, last, touch=access)
+                    if hit is not None:
+                        return hit[0]
                 continue
             if access:
                 flight.joined += 1
