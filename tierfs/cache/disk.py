@@ -272,12 +272,8 @@ class DiskTier:
             buf = bytearray(want)
             try:
                 got = os.preadv(h.fd, [buf], start, _RWF_NOWAIT)
-            except BlockingIOError:
+            except OSError:  # EAGAIN: not cached; EOPNOTSUPP; an error the blocking read meets
                 return None
-            except OSError as exc:  # EOPNOTSUPP on a filesystem without it
-                if exc.errno == 95:
-                    return None
-                raise CacheCorrupt(f"chunk file {chunk_name(ckey)}: {exc.strerror}") from None
         finally:
             self._fds.release(h)
         if got != want:  # part not cached, or the file is short: a blocking read says which
