@@ -9,11 +9,25 @@ Upload: a file up to one part (max(chunk, 8 MiB)) is one PUT; a larger one is a 
 upload whose untouched parts are copied server-side (UploadPartCopy with If-Match on the
 base ETag) and the others uploaded from the staging file, several in parallel. The
 object appears under its name only when the PUT or CompleteMultipartUpload succeeds:
-never partially. The written chunks then enter the disk tier under the new ETag, so
-reading back what was just written costs no GET. Every upload whose bytes all come from
-this node carries the CRC32C of each chunk in its user metadata (tierfs/integrity.py),
-which later reads check; one with server-side-copied parts does not (its base bytes
-would have to be downloaded first).
+never partially. The bytes of each part (or the PUT) enter the disk tier as they are
+sent (under a provisional version, hard-linked to the new ETag once it exists: no
+second read of the staging file), so reading back what was just written costs no GET.
+Every upload whose bytes all come from this node carries the CRC32C of each chunk in its
+user metadata (tierfs/integrity.py), which later reads check; one with server-side-copied
+parts does not (its base bytes would have to be downloaded first).
+
+Streaming (default mode, a new or O_TRUNC file): once a full part is written and the file
+extends past it, an upload worker sends it in the background (a Stream: the multipart
+upload is created then, with the metadata the file has then), so close() only sends the
+rest and completes. A part whose bytes change after it was read (overwrite, truncate, a
+failed write) is sent again by close(); the final metadata (write times, chmods since,
+the chunk CRCs) is given by copying the object onto itself after completion (S3 cannot
+edit metadata; on RGW a metadata-only change for a multipart object). Not streamed,
+uploaded whole at close as before: --writeback files, files with a base version (their
+untouched parts are copied), writers scattering more than COVER_MAX ranges, parts past
+COPY_MAX (a larger object cannot be copied onto itself: a streamed file that grows past
+it is uploaded again at close). An unlinked file's stream is abandoned: orphan cleanup
+aborts it.
 
 Durability (the only copy of acknowledged data lives here until uploaded):
 - default mode: flush (close) and fsync upload and return only when S3 has the object;
@@ -46,8 +60,10 @@ It runs at start and after any upload that leaves unowned records, again with ba
 while the store fails it.
 
 Concurrency: one trio.Lock per DirtyFile serializes writes, truncates and uploads of that
-file (an upload sees one consistent generation). Staging I/O is page-cache pwrite/pread
-on the trio thread; fsync, CRCs and chunk-cache fills go to worker threads.
+file (an upload sees one consistent generation); background parts take no lock (each
+part's change count tells close() which copies are stale). Staging I/O is page-cache
+pwrite/pread on the trio thread, except background parts, read in a worker thread
+through a dup of the fd; fsync, CRCs and chunk-cache fills go to worker threads.
 """
 
 from __future__ import annotations
@@ -83,6 +99,7 @@ PART_ATTEMPTS = 3  # tries of one part (each with botocore's own retries) before
 PART_RETRY_S = 0.5  # first pause between tries of a part, doubling
 RESTARTS = 2  # times one upload attempt starts over after its multipart upload vanished
 CLOCK_SKEW_S = 300.0  # between this node and the store, when comparing Initiated times
+COPY_MAX = 5 << 30  # S3's largest CopyObject: a streamed upload's metadata is fixed by one
 _PENDING = "pending-"  # an uploads record made before CreateMultipartUpload answered
 _WAKE = -1  # queue items that are not inodes: re-check the retry schedule,
 _SWEEP = -2  # abort orphaned uploads
@@ -90,6 +107,56 @@ _SWEEP = -2  # abort orphaned uploads
 _FINAL = (NotFound, PreconditionFailed, AccessDenied, NoSuchBucket)
 
 ReadBase = Callable[[ObjectVersion, int], Awaitable[bytes | memoryview]]
+COVER_MAX = 64  # written ranges tracked per file; a writer scattering more is not streamed
+
+
+@dataclass
+class Sent:
+    """One part uploaded into a Stream: valid while its range has not changed since."""
+    changes: int  # DirtyFile.part_changes[n] when its bytes were read
+    etag: str
+    length: int
+    crcs: list[int] | None  # CRC32C of each chunk in it (None: copied server-side)
+    fill: ObjectVersion | None  # the provisional version its chunks were cached under
+
+
+@dataclass
+class Stream:
+    """A multipart upload of one file and the parts sent into it so far. Streamed (default
+    mode, a new file): created while the file is still being written, full parts sent as
+    soon as they are written, with the metadata the file had then; close() sends the rest,
+    completes it, and fixes the metadata (mtime, chunk CRCs) by copying the object onto
+    itself. Otherwise created at upload time with the final metadata.
+
+    The bytes of every part sent are cached at once under a provisional version (an ETag
+    nobody else has: tag.part.send) and hard-linked to the real one after completion, so
+    the cache is filled from the bytes uploaded, never by reading the staging file again."""
+    key: str
+    metadata: dict[str, str]
+    tag: str = field(default_factory=lambda: f"tierfs-unsaved-{uuid.uuid4().hex}")
+    upload_id: str | None = None
+    sent: dict[int, Sent] = field(default_factory=dict)
+    queued: set[int] = field(default_factory=set)  # parts streamed (or being) in the background
+    fills: list[tuple[ObjectVersion, list[int]]] = field(default_factory=list)
+    dead: bool = False  # abandoned: its upload is orphan cleanup's (unowned), its fills litter
+    closing: bool = False  # an upload of the file uses it now: no more background parts
+    sends: int = 0
+    inflight: int = 0
+    idle: trio.Event = field(default_factory=trio.Event)
+    create_lock: trio.Lock = field(default_factory=trio.Lock)
+
+    def __post_init__(self) -> None:
+        self.idle.set()
+
+    def begin(self) -> None:
+        if self.inflight == 0:
+            self.idle = trio.Event()
+        self.inflight += 1
+
+    def end(self) -> None:
+        self.inflight -= 1
+        if self.inflight == 0:
+            self.idle.set()
 
 
 @dataclass
@@ -116,6 +183,12 @@ class DirtyFile:
     # when its data last changed (write, truncate): the file's mtime and ctime until
     # FileIO moves it into the inode's attributes and the upload's metadata
     changed_ns: int | None = None
+    # streaming (default mode, new files): the written ranges [start, end) merged (None
+    # once too scattered to track), a change count per part (a part sent before its range
+    # changed is sent again), the multipart upload parts are sent into
+    covered: list[list[int]] | None = field(default_factory=list)
+    part_changes: dict[int, int] = field(default_factory=dict)
+    stream: Stream | None = None
     lock: trio.Lock = field(default_factory=trio.Lock)
 
     @property
@@ -170,7 +243,12 @@ class WriteBack:
         self._started = time.time()  # markers of an earlier daemon ended before this
         # (wall time, not `clock`: it is compared with the store's Initiated times)
         self._sweeping = False
+        self._sweep_again = False
         self._sweep_failures = 0
+        # background work of streamed uploads: (file, stream, part) to send, or
+        # (None, stream, -1): drop an abandoned stream's provisional cache fills
+        self._stream_send, self._stream_recv = trio.open_memory_channel[
+            tuple[DirtyFile | None, Stream, int]](math.inf)
 
     # ---- lifecycle of a dirty file ----------------------------------------------------
 
@@ -206,6 +284,7 @@ class WriteBack:
                 for index in range(offset // cs, (end - 1) // cs + 1):
                     if index not in d.materialized:
                         await self._materialize(d, index, offset, end)
+                self._changing(d, offset, end)  # before: a failed pwrite may leave some bytes
                 _staging_io(os.pwrite, d.fd, data, offset)
             except TierfsError as exc:
                 d.failed = exc
@@ -214,7 +293,38 @@ class WriteBack:
             d.generation += 1
             d.changed_ns = time.time_ns()
             d.failed = None  # the application wrote again after the failure: its call
+            self._stream_parts(d, offset, end)
         return len(data)
+
+    def _changing(self, d: DirtyFile, start: int, end: int) -> None:
+        """Bytes [start, end) are about to change: parts sent with the old ones are stale."""
+        ps = self.part_size
+        for n in range(start // ps, (end - 1) // ps + 1):
+            d.part_changes[n] = d.part_changes.get(n, 0) + 1
+
+    def _stream_parts(self, d: DirtyFile, start: int, end: int) -> None:
+        """After a write of [start, end): queue the background upload of every part it
+        completed. A part goes once it is fully written and the file already extends past
+        it (a file that ends within its first part is one PUT at close, never multipart)."""
+        if (d.covered is None or self.writeback or d.base is not None or d.journaled
+                or d.unlinked):
+            return
+        if not _cover(d.covered, start, end):
+            d.covered = None  # a scattered writer: its file is uploaded whole at close
+            return
+        ps = self.part_size
+        s = d.stream
+        for n in range(max(0, start // ps - 1), (end - 1) // ps + 1):
+            if (n + 1) * ps >= d.size or (n + 1) * ps > COPY_MAX:
+                break
+            if s is not None and (n in s.queued or s.dead or s.closing or s.key != d.key):
+                continue
+            if not _covers(d.covered, n * ps, (n + 1) * ps):
+                continue
+            if s is None:
+                s = d.stream = Stream(d.key, dict(d.metadata))
+            s.queued.add(n)
+            self._stream_send.send_nowait((d, s, n))
 
     async def _materialize(self, d: DirtyFile, index: int, wstart: int, wend: int) -> None:
         cs = self.chunk_size
@@ -245,6 +355,9 @@ class WriteBack:
                 d.failed = exc
                 raise
             if size < d.size:
+                self._changing(d, size, d.size)
+                if d.covered:
+                    _uncover(d.covered, size)
                 d.base_valid = min(d.base_valid, size)
                 gone = {i for i in d.materialized if i * cs >= size}
                 d.materialized -= gone
@@ -377,6 +490,8 @@ class WriteBack:
     async def discard(self, d: DirtyFile) -> None:
         """The file was unlinked: its unsaved data has nowhere to go."""
         d.unlinked = True
+        if d.stream is not None:
+            self._abandon(d, d.stream)
         async with d.lock:
             if d.writers == 0:
                 self._forget(d)
@@ -384,6 +499,10 @@ class WriteBack:
     def _forget(self, d: DirtyFile) -> None:
         if self.files.get(d.ino) is not d:
             return
+        if d.stream is not None:
+            self._abandon(d, d.stream)
+        if d.upload_id is not None and self._owned.pop(d.upload_id, None) is not None:
+            self._queue_send.send_nowait(_SWEEP)  # a failed attempt's: cleanup's now
         del self.files[d.ino]
         self._retry_at.pop(d.ino, None)
         self.cache.release_dirty(len(d.materialized) * self.chunk_size)
@@ -396,9 +515,11 @@ class WriteBack:
         if d.writers == 0:
             self._forget(d)
             return
-        # still open (fsync): the next writes build on the version just uploaded
+        # still open (fsync): the next writes build on the version just uploaded (no more
+        # streaming: the file has a base now)
         self.cache.release_dirty(len(d.materialized) * self.chunk_size)
         d.materialized.clear()
+        d.covered, d.part_changes = [], {}
         os.ftruncate(d.fd, 0)
         if d.journaled:
             self.meta.delete_dirty(d.ino)
@@ -410,16 +531,21 @@ class WriteBack:
         t0 = time.perf_counter()
         gen, size = d.generation, d.size
         if size <= self.part_size:
+            if d.stream is not None:  # streamed, then cut back to one part: a PUT after all
+                self._abandon(d, d.stream)
             data = await self.read(d, 0, size)
             cs = self.chunk_size
-            crcs = await trio.to_thread.run_sync(
-                lambda: [crc32c(data[i:i + cs]) for i in range(0, size, cs)])
+            crcs = await trio.to_thread.run_sync(_chunk_crcs_of, data, cs)
             metadata = self._with_crcs(d, crcs)
             etag = (await self.backend.put(d.key, data, metadata)).etag
+            new = ObjectVersion(self.bucket, d.key, etag, size)
+            await self._fill(new, 0, data)  # the bytes just sent: no second read
         else:
-            etag = await self._multipart(d, size)
-        new = ObjectVersion(self.bucket, d.key, etag, size)
-        await self._keep_in_cache(d, new)
+            etag, s = await self._multipart(d, size)
+            new = ObjectVersion(self.bucket, d.key, etag, size)
+            await self._keep_in_cache(d, new, s)
+            d.stream = None
+            await self._drop_fills(s)
         self._set_inode(d, new)
         d.base, d.base_valid, d.saved_generation = new, size, gen
         self.metrics.uploads.labels("success").inc()
@@ -455,23 +581,18 @@ class WriteBack:
                 crcs.append(crc32c(await self.read(d, start, length)))
         return crcs
 
-    async def _multipart(self, d: DirtyFile, size: int) -> str:
-        metadata = self._with_crcs(d, await self._chunk_crcs(d, size))
-        restarts = 0
-        while True:
-            try:
-                return await self._multipart_once(d, size, metadata)
-            except NotFound as exc:
-                # NoSuchUpload: aborted by someone else, expired, or a Complete whose answer
-                # was lost and retried. Starting again is always right; bounded, because
-                # NotFound can also mean the base object of a copied part is gone
-                if restarts >= RESTARTS:
-                    raise
-                restarts += 1
-                log.warning("multipart upload of %r vanished (%s): starting it again",
-                            d.key, exc)
-
-    async def _multipart_once(self, d: DirtyFile, size: int, metadata: dict[str, str]) -> str:
+    async def _stream_for(self, d: DirtyFile, size: int) -> Stream:
+        """The multipart upload this upload completes: the file's stream if it can be used
+        (its background parts done), else a new one with the final metadata."""
+        s = d.stream
+        if s is not None:
+            s.closing = True  # parts still queued are sent by this upload instead
+            await s.idle.wait()
+            if not s.dead and s.upload_id is not None and s.key == d.key and size <= COPY_MAX:
+                d.upload_id = s.upload_id
+                return s
+            # not created, failed, renamed, or too big to fix its metadata by a copy
+            self._abandon(d, s)
         if d.upload_id is not None:  # an earlier attempt's: parts cost storage until aborted
             old, d.upload_id = d.upload_id, None
             self._owned.pop(old, None)
@@ -480,22 +601,34 @@ class WriteBack:
                 await trio.to_thread.run_sync(self.meta.delete_upload, old)
             except TierfsError as exc:  # recorded, owned by nobody: orphan cleanup's now
                 log.info("could not abort the earlier upload of %r yet: %s", d.key, exc)
+        metadata = self._with_crcs(d, await self._chunk_crcs(d, size))
+        s = d.stream = Stream(d.key, metadata, closing=True)
+        try:
+            s.upload_id = d.upload_id = await self._create_upload(d.key, metadata)
+        except BaseException:
+            self._abandon(d, s)
+            raise
+        return s
+
+    async def _create_upload(self, key: str, metadata: dict[str, str]) -> str:
+        """CreateMultipartUpload, recorded in the journal before it exists and owned (in
+        `_owned`) from before it exists until its stream completes or is abandoned."""
         marker = f"{_PENDING}{int(time.time() * 1000)}-{uuid.uuid4().hex[:12]}"
-        self._owned[marker] = d.key
+        self._owned[marker] = key
         answered = False
         try:
             # recorded before it exists: if the answer is lost (or we crash), the marker
             # leads orphan cleanup to this key's uploads initiated while it was live.
             # journal appends fsync: off the trio thread
-            await trio.to_thread.run_sync(self.meta.put_upload, marker, d.key)
+            await trio.to_thread.run_sync(self.meta.put_upload, marker, key)
             try:
-                upload_id = await self.backend.mpu_create(d.key, metadata)
+                upload_id = await self.backend.mpu_create(key, metadata)
             except _FINAL:
                 answered = True  # the store said no: it created nothing
                 raise
-            self._owned[upload_id] = d.key
-            d.upload_id = upload_id
-            await trio.to_thread.run_sync(self.meta.put_upload, upload_id, d.key)
+            self._owned[upload_id] = key
+            await trio.to_thread.run_sync(self.meta.put_upload, upload_id, key)
+            return upload_id
         finally:
             del self._owned[marker]
             if answered:
@@ -504,24 +637,52 @@ class WriteBack:
                 # stays recorded even on success: botocore may have retried a create whose
                 # first answer was lost, leaving an upload we do not know; cleanup finds it
                 self._marker_until[marker] = time.time()
+
+    async def _multipart(self, d: DirtyFile, size: int) -> tuple[str, Stream]:
+        """Send the parts the file's stream lacks (or holds stale), complete it, give the
+        object its final metadata: (ETag, the stream). NotFound (the upload vanished:
+        aborted elsewhere, expired, a Complete whose answer was lost) starts again with a
+        new upload, bounded: NotFound can also mean the base object of a copied part is
+        gone. A failed attempt's upload stays the file's: the next attempt aborts it."""
+        restarts = 0
+        s = await self._stream_for(d, size)
+        while True:
+            try:
+                return await self._multipart_once(d, s, size), s
+            except NotFound as exc:
+                self._abandon(d, s, keep=True)
+                if restarts >= RESTARTS:
+                    raise
+                restarts += 1
+                log.warning("multipart upload of %r vanished (%s): starting it again",
+                            d.key, exc)
+                s = await self._stream_for(d, size)
+            except BaseException:
+                self._abandon(d, s, keep=True)
+                raise
+
+    async def _multipart_once(self, d: DirtyFile, s: Stream, size: int) -> str:
+        assert s.upload_id is not None
+        upload_id = s.upload_id
         ps = self.part_size
         count = -(-size // ps)
-        etags: list[str] = [""] * count
 
         async def part(n: int) -> None:
             start = n * ps
             length = min(ps, size - start)
+            changes = d.part_changes.get(n, 0)
+            sent = s.sent.get(n)
+            if sent is not None and sent.length == length and sent.changes == changes:
+                return  # streamed while the file was written, unchanged since
             async with self._parts:
                 if self._copied(d, start, length):
                     assert d.base is not None
-                    etags[n] = await self._retrying(
+                    etag = await self._retrying(
                         f"copy of part {n + 1} of {d.key!r}", self.backend.upload_part_copy,
                         d.key, upload_id, n + 1, d.base.key, d.base.etag, start, length)
+                    s.sent[n] = Sent(changes, etag, length, None, None)
                 else:
-                    data = await self.read(d, start, length)
-                    etags[n] = await self._retrying(
-                        f"part {n + 1} of {d.key!r}", self.backend.upload_part, d.key,
-                        upload_id, n + 1, data)
+                    await self._send(s, n, await self.read(d, start, length), changes)
 
         try:
             async with trio.open_nursery() as nursery:
@@ -529,12 +690,149 @@ class WriteBack:
                     nursery.start_soon(part, n)
         except BaseExceptionGroup as group:
             raise _as_tierfs_error(group) from None
+        parts = [s.sent[n] for n in range(count)]
         etag = await self._retrying(f"completion of {d.key!r}", self.backend.mpu_complete,
-                                    d.key, upload_id, [(n + 1, e) for n, e in enumerate(etags)])
-        d.upload_id = None
+                                    d.key, upload_id, [(n + 1, p.etag) for n, p in enumerate(parts)])
+        d.upload_id = s.upload_id = None
         self._owned.pop(upload_id, None)
         await trio.to_thread.run_sync(self.meta.delete_upload, upload_id)
+        crcs: list[int] | None = []
+        for p in parts:
+            crcs = None if crcs is None or p.crcs is None else crcs + p.crcs
+        final = self._with_crcs(d, crcs)
+        if final != s.metadata:
+            # created while the file was still written (its mtime, chmods since, no CRCs
+            # yet): S3 cannot edit metadata, an object copied onto itself gets new
+            # metadata (for a multipart object a metadata-only change on RGW)
+            etag = await self._retrying(f"metadata of {d.key!r}", self.backend.copy,
+                                        d.key, d.key, etag, final)
         return etag
+
+    async def _send(self, s: Stream, n: int, data: bytes, changes: int) -> None:
+        """Upload part n of s (its bytes `data`); meanwhile cache its chunks under a
+        provisional version and take their CRCs, from the same bytes."""
+        assert s.upload_id is not None
+        upload_id = s.upload_id
+        cs = self.chunk_size
+        first = n * self.part_size // cs
+        s.sends += 1
+        fill = ObjectVersion(self.bucket, s.key, f"{s.tag}.{n}.{s.sends}", 0)
+        s.fills.append((fill, list(range(first, first + -(-len(data) // cs)))))
+        out: dict[str, object] = {}
+
+        async def upload() -> None:
+            out["etag"] = await self._retrying(f"part {n + 1} of {s.key!r}",
+                                               self.backend.upload_part, s.key, upload_id,
+                                               n + 1, data)
+
+        async def crcs() -> None:
+            out["crcs"] = await trio.to_thread.run_sync(_chunk_crcs_of, data, cs)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(upload)
+            nursery.start_soon(crcs)
+            nursery.start_soon(self._fill, fill, first, data)
+        if s.dead:  # abandoned meanwhile: what this part cached is litter
+            await self._drop_fills(s)
+        s.sent[n] = Sent(changes, out["etag"], len(data), out["crcs"], fill)  # type: ignore[arg-type]
+
+    async def _fill(self, version: ObjectVersion, first: int, data: bytes) -> None:
+        """Cache data (chunks first, first+1, ...) of version in the disk tier."""
+        cs = self.chunk_size
+        view = memoryview(data)
+        for j in range(0, len(data), cs):
+            piece = data if len(data) <= cs else view[j:j + cs]
+            await self.cache.fill(version, version.chunk_key(first + j // cs), piece)  # type: ignore[arg-type]
+
+    # ---- streaming parts while the file is written -------------------------------------
+
+    def _streaming(self, d: DirtyFile, s: Stream) -> bool:
+        return (not s.dead and not s.closing and d.stream is s and not d.unlinked
+                and self.files.get(d.ino) is d)
+
+    async def run_streamer(self) -> None:
+        """Background parts of streamed uploads (started by each upload worker). A part
+        that fails here is simply sent again by close()."""
+        while True:
+            d, s, n = await self._stream_recv.receive()
+            try:
+                if d is None:
+                    await self._drop_fills(s)
+                else:
+                    await self._stream_part(d, s, n)
+            except Exception as exc:  # noqa: BLE001 - close() sends what failed here
+                error = _as_tierfs_error(exc) if isinstance(exc, BaseExceptionGroup) else exc
+                if isinstance(error, TierfsError):
+                    log.info("background upload of part %d of %r failed (%s): close() "
+                             "sends it", n + 1, s.key, error)
+                else:
+                    self.metrics.internal_errors.labels("upload").inc()
+                    log.error("background upload of part %d of %r failed unexpectedly",
+                              n + 1, s.key, exc_info=exc)
+
+    async def _stream_part(self, d: DirtyFile, s: Stream, n: int) -> None:
+        if not self._streaming(d, s):
+            return
+        s.begin()
+        try:
+            if s.upload_id is None:
+                async with s.create_lock:
+                    if s.upload_id is None and self._streaming(d, s):
+                        try:
+                            s.upload_id = await self._create_upload(s.key, s.metadata)
+                        except BaseException:
+                            self._abandon(d, s)
+                            raise
+                        if s.dead:  # abandoned while it was created: cleanup's now
+                            self._disown(s)
+                        else:
+                            d.upload_id = s.upload_id
+            ps = self.part_size
+            start = n * ps
+            async with self._parts:
+                if (not self._streaming(d, s) or s.upload_id is None or d.covered is None
+                        or d.size <= start + ps or not _covers(d.covered, start, start + ps)):
+                    return
+                # read in a worker thread, through a duplicate of the staging fd (the file
+                # may be forgotten meanwhile); a write racing the read changes the part's
+                # count first, so close() sees this copy is stale and sends it again
+                changes = d.part_changes.get(n, 0)
+                data = await trio.to_thread.run_sync(_read_closing, os.dup(d.fd), ps, start)
+                if len(data) == ps and self._streaming(d, s):
+                    await self._send(s, n, data, changes)
+        finally:
+            s.end()
+
+    def _disown(self, s: Stream) -> None:
+        """s's upload is no longer ours: orphan cleanup aborts it (it stays recorded)."""
+        if s.upload_id is not None and self._owned.pop(s.upload_id, None) is not None:
+            self._queue_send.send_nowait(_SWEEP)
+
+    def _abandon(self, d: DirtyFile, s: Stream, *, keep: bool = False) -> None:
+        """Stop using s: the file is uploaded otherwise (or not at all). keep: its upload
+        stays the file's (d.upload_id, owned) and the next attempt aborts it, else it is
+        orphan cleanup's at once."""
+        if s.dead:
+            return
+        s.dead = True
+        if d.stream is s:
+            d.stream = None
+        if keep:
+            d.upload_id = s.upload_id
+        else:
+            if d.upload_id is not None and d.upload_id == s.upload_id:
+                d.upload_id = None
+            self._disown(s)
+        if s.fills:
+            self._stream_send.send_nowait((None, s, -1))
+
+    async def _drop_fills(self, s: Stream) -> None:
+        """Drop the provisional chunks of s (after they were linked to the real version,
+        or as litter of an abandoned stream)."""
+        fills, s.fills = s.fills, []
+        for version, indices in fills:
+            for i in indices:
+                await self.cache.drop(version.chunk_key(i))
 
     async def _retrying(self, what: str, fn: Callable[..., Awaitable[T]], *args) -> T:
         """fn(*args), tried PART_ATTEMPTS times with backoff while the failure is one a
@@ -568,31 +866,43 @@ class WriteBack:
             delay = min(delay * 2, self.retry_max_s)
 
     async def _sweep(self) -> bool:
-        """One pass of orphan cleanup; False if the store failed some of it."""
+        """Orphan cleanup; False if the store failed some of it. A sweep asked for while
+        one runs (an upload just ended, a stream was abandoned) makes it pass again: the
+        running pass may have read the records before the new ones were left unowned."""
         if self._sweeping:
+            self._sweep_again = True
             return True
         self._sweeping = True
         try:
             ok = True
-            markers: dict[str, list[str]] = {}
-            for rid, key in self.meta.uploads():
-                if rid.startswith(_PENDING):
-                    markers.setdefault(key, []).append(rid)
-                    continue
-                try:
-                    await self._abort_orphan(rid, key)
-                except TierfsError as exc:
-                    ok = False
-                    log.warning("could not abort an unfinished upload of %r: %s", key, exc)
-            for key, rids in markers.items():
-                try:
-                    await self._abort_lost(key, rids)
-                except TierfsError as exc:
-                    ok = False
-                    log.warning("could not look for lost uploads of %r: %s", key, exc)
+            self._sweep_again = True
+            while self._sweep_again:
+                self._sweep_again = False
+                ok = await self._sweep_pass() and ok
             return ok
         finally:
             self._sweeping = False
+
+    async def _sweep_pass(self) -> bool:
+        """One pass over the recorded uploads."""
+        ok = True
+        markers: dict[str, list[str]] = {}
+        for rid, key in self.meta.uploads():
+            if rid.startswith(_PENDING):
+                markers.setdefault(key, []).append(rid)
+                continue
+            try:
+                await self._abort_orphan(rid, key)
+            except TierfsError as exc:
+                ok = False
+                log.warning("could not abort an unfinished upload of %r: %s", key, exc)
+        for key, rids in markers.items():
+            try:
+                await self._abort_lost(key, rids)
+            except TierfsError as exc:
+                ok = False
+                log.warning("could not look for lost uploads of %r: %s", key, exc)
+        return ok
 
     async def _abort_orphan(self, rid: str, key: str) -> None:
         """A recorded upload id that no live file owns (an earlier daemon's, or an attempt
@@ -638,18 +948,22 @@ class WriteBack:
 
     # ---- caching what was uploaded ------------------------------------------------------
 
-    async def _keep_in_cache(self, d: DirtyFile, new: ObjectVersion) -> None:
-        """The uploaded bytes stay cached under the new ETag: restore on this node is free."""
-        cs = self.chunk_size
+    async def _keep_in_cache(self, d: DirtyFile, new: ObjectVersion, s: Stream) -> None:
+        """The uploaded bytes stay cached under the new ETag: restore on this node is free.
+        Parts sent were cached as they were sent (provisional versions): hard-linked now;
+        parts copied server-side keep the base's cached chunks."""
+        cs, ps = self.chunk_size, self.part_size
+        for n in range(-(-new.size // ps)):
+            sent = s.sent.get(n)
+            if sent is not None and sent.fill is not None:
+                first = n * ps // cs
+                await self.cache.rekey(sent.fill, new, range(first, first + -(-sent.length // cs)))
         untouched = []
         for index in range(-(-new.size // cs)):
             start = index * cs
             length = min(cs, new.size - start)
-            if index in d.materialized:
-                data = os.pread(d.fd, length, start)
-                data += bytes(length - len(data))
-                await self.cache.fill(new, new.chunk_key(index), data)
-            elif d.base is not None and start + length <= d.base_valid and d.base.key == new.key:
+            if (index not in d.materialized and d.base is not None
+                    and start + length <= d.base_valid and d.base.key == new.key):
                 untouched.append(index)
         if untouched and d.base is not None:
             await self.cache.rekey(d.base, new, untouched)
@@ -690,7 +1004,13 @@ class WriteBack:
     async def run_uploader(self) -> None:
         """One upload worker (the daemon runs several): uploads journaled files whose
         writers are gone. It never dies of a failed upload and never drops a file: the
-        file goes back to the schedule with its own backoff."""
+        file goes back to the schedule with its own backoff. Beside it runs a streamer
+        (background parts of files still being written)."""
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self.run_streamer)
+            await self._upload_files()
+
+    async def _upload_files(self) -> None:
         while True:
             ino = await self._next()
             if ino == _SWEEP:
@@ -775,6 +1095,53 @@ def _as_tierfs_error(group: BaseExceptionGroup) -> BaseException:
     if errors and all(isinstance(e, TierfsError) for e in errors):
         return next((e for e in errors if isinstance(e, NotFound)), errors[0])
     return group
+
+
+def _cover(ranges: list[list[int]], start: int, end: int) -> bool:
+    """Add [start, end) to sorted, merged ranges; False once they pass COVER_MAX."""
+    if ranges and ranges[-1][0] <= start <= ranges[-1][1]:  # appending: the usual case
+        ranges[-1][1] = max(ranges[-1][1], end)
+        return True
+    merged: list[list[int]] = []
+    placed = False
+    for lo, hi in ranges:
+        if hi < start:
+            merged.append([lo, hi])
+        elif end < lo:
+            if not placed:
+                merged.append([start, end])
+                placed = True
+            merged.append([lo, hi])
+        else:
+            start, end = min(lo, start), max(hi, end)
+    if not placed:
+        merged.append([start, end])
+    merged.sort()
+    ranges[:] = merged
+    return len(ranges) <= COVER_MAX
+
+
+def _covers(ranges: list[list[int]], start: int, end: int) -> bool:
+    return any(lo <= start and end <= hi for lo, hi in ranges)
+
+
+def _uncover(ranges: list[list[int]], size: int) -> None:
+    """A truncation to size: nothing past it was written."""
+    ranges[:] = [[lo, min(hi, size)] for lo, hi in ranges if lo < size]
+
+
+def _chunk_crcs_of(data: bytes, chunk_size: int) -> list[int]:
+    if len(data) <= chunk_size:
+        return [crc32c(data)] if data else []
+    return [crc32c(data[i:i + chunk_size]) for i in range(0, len(data), chunk_size)]
+
+
+def _read_closing(fd: int, length: int, offset: int) -> bytes:
+    """pread of a staging file through fd, which it closes (a worker thread's own dup)."""
+    try:
+        return _staging_io(os.pread, fd, length, offset)
+    finally:
+        os.close(fd)
 
 
 def _staging_crc(fd: int, start: int, length: int) -> int:

@@ -83,11 +83,11 @@ async def test_a_bug_during_an_upload_loses_no_file_and_no_worker(tmp_path):
         real = r.wb._keep_in_cache
         calls = []
 
-        async def buggy(d, new):
+        async def buggy(d, new, *rest):
             calls.append(new)
             if len(calls) == 1:
                 raise ExceptionGroup("injected bug", [RuntimeError("boom")])
-            await real(d, new)
+            await real(d, new, *rest)
 
         r.wb._keep_in_cache = buggy
         await r.write_file(2, "bug.bin", data)

@@ -1,0 +1,174 @@
+"""Streamed uploads (default mode, new files; tests/writes/wbkit.py): full parts are sent
+while the file is still written, close() sends the rest. Whatever happens to a range
+already sent (overwrite, truncate, a failed write), the object is exactly what was
+written, carries its final metadata and its chunk CRCs, is cached without a GET, and no
+multipart upload is left on the store. Nothing asserts timing."""
+
+from __future__ import annotations
+
+import random
+
+import trio
+from wbkit import MiB, FaultyBackend, wb_rig
+
+from tierfs.backend.file import FileBackend
+from tierfs.cache import ObjectVersion
+from tierfs.errors import BackendUnavailable
+from tierfs.integrity import crc32c, parse_chunk_crcs
+from tierfs.writeback import DirtyFile
+
+PART = 8 * MiB  # the rig's chunk is 1 MiB: parts are 8 MiB
+SIZE = 3 * PART + 12345
+
+
+def payload(seed: str, size: int) -> bytes:
+    return random.Random(seed).randbytes(size)
+
+
+def rig_backend(tmp_path) -> tuple[FaultyBackend, FileBackend]:
+    src = tmp_path / "src"
+    src.mkdir(exist_ok=True)
+    inner = FileBackend(str(src))
+    return FaultyBackend(inner), inner
+
+
+async def write_streamed(r, d: DirtyFile, data: bytes, piece: int = MiB) -> None:
+    """Write data sequentially, then wait for the background parts it completed."""
+    for off in range(0, len(data), piece):
+        await r.wb.write(d, off, data[off:off + piece])
+    await r.wait_for(lambda: r.wb._stream_recv.statistics().current_buffer_used == 0
+                     and (d.stream is None or d.stream.inflight == 0))
+
+
+async def check_object(r, inner: FileBackend, key: str, data: bytes, metadata: dict, *,
+                       crcs: bool = True) -> None:
+    meta = inner.head(key)
+    assert inner.get(key, 0, meta.size, None) == data
+    got = inner._metadata(inner._path(key))
+    for k, v in metadata.items():
+        assert got.get(k) == v, (k, got)
+    if crcs:
+        size, values = parse_chunk_crcs(got) or (0, [])
+        assert values == [crc32c(data[i:i + size]) for i in range(0, len(data), size)], got
+    await r.wait_for(lambda: not inner.mpu_list(key))  # aborted, at once or by cleanup
+    # every chunk cached under the uploaded version, with the bytes uploaded
+    new = ObjectVersion("bucket", key, meta.etag, len(data))
+    for index in range(-(-len(data) // MiB)):
+        got_chunk = await r.cache.read(new.chunk_key(index), 0, MiB // 4096 - 1, touch=False)
+        assert got_chunk is not None, f"chunk {index} not cached"
+        assert bytes(got_chunk[0])[:MiB] == data[index * MiB:(index + 1) * MiB][:len(got_chunk[0])]
+
+
+async def close(r, d: DirtyFile, metadata: dict) -> None:
+    await r.wb.set_metadata(d, metadata)  # what FileIO does at close: the write times
+    await r.wb.flush(d)
+    await r.wb.release(d)
+
+
+async def test_parts_are_sent_while_writing_and_close_finishes(tmp_path):
+    fb, inner = rig_backend(tmp_path)
+    data = payload("s", SIZE)
+    async with wb_rig(tmp_path, fb, writeback=False) as r:
+        d = await r.open(2, "s.bin")
+        await write_streamed(r, d, data)
+        assert fb.calls["upload_part"] >= 3, "full parts should go before close()"
+        assert fb.calls["mpu_complete"] == 0
+        final = {"tierfs-mtime": "123.000000001"}
+        await close(r, d, final)
+        assert fb.calls["upload_part"] == 4  # nothing sent twice
+        await check_object(r, inner, "s.bin", data, final)
+        await r.wait_for(lambda: not r.meta.uploads())
+
+
+async def test_overwrite_and_truncate_of_sent_parts_resend_them(tmp_path):
+    fb, inner = rig_backend(tmp_path)
+    data = bytearray(payload("o", SIZE))
+    async with wb_rig(tmp_path, fb, writeback=False) as r:
+        d = await r.open(2, "o.bin")
+        await write_streamed(r, d, bytes(data))
+        sent = fb.calls["upload_part"]
+        patch = b"x" * 1000
+        await r.wb.write(d, PART + 5, patch)  # into part 2, already sent
+        data[PART + 5:PART + 5 + len(patch)] = patch
+        await r.wb.truncate(d, 2 * PART + 7)  # cuts part 3 (sent), drops part 4
+        del data[2 * PART + 7:]
+        await r.wb.truncate(d, 2 * PART + 100)  # extends with zeros
+        data += bytes(93)
+        await close(r, d, {"tierfs-mtime": "1.0"})
+        assert fb.calls["upload_part"] == sent + 2  # parts 2 and 3 again, part 1 kept
+        await check_object(r, inner, "o.bin", bytes(data), {"tierfs-mtime": "1.0"})
+
+
+async def test_random_order_writes_and_a_file_cut_to_one_part(tmp_path):
+    fb, inner = rig_backend(tmp_path)
+    data = payload("r", SIZE)
+    pieces = list(range(0, SIZE, MiB))
+    random.Random(1).shuffle(pieces)
+    async with wb_rig(tmp_path, fb, writeback=False) as r:
+        d = await r.open(2, "r.bin")
+        for off in pieces:
+            await r.wb.write(d, off, data[off:off + MiB])
+        await close(r, d, {})
+        await check_object(r, inner, "r.bin", data, {})
+        # streamed, then truncated to a single part: one PUT, the upload aborted
+        d = await r.open(3, "one.bin")
+        await write_streamed(r, d, data)
+        await r.wb.truncate(d, 5 * MiB)
+        await close(r, d, {})
+        await check_object(r, inner, "one.bin", data[:5 * MiB], {})
+        await r.wait_for(lambda: not r.meta.uploads())
+        assert not inner.mpu_list("one.bin")
+
+
+async def test_unlink_while_streaming_aborts_the_upload(tmp_path):
+    fb, inner = rig_backend(tmp_path)
+    data = payload("u", SIZE)
+    async with wb_rig(tmp_path, fb, writeback=False) as r:
+        d = await r.open(2, "u.bin")
+        await write_streamed(r, d, data)
+        assert inner.mpu_list("u.bin")
+        await r.wb.discard(d)
+        await r.wb.release(d)
+        await r.wait_for(lambda: not inner.mpu_list("u.bin") and not r.meta.uploads())
+        await r.wait_for(lambda: r.cache.chunk_count == 0)  # provisional chunks dropped
+
+
+async def test_failed_background_parts_and_fsync_midway(tmp_path):
+    """Parts that fail in the background are sent by close(); an fsync while the file is
+    still written completes the stream, later writes build on the uploaded version."""
+    fb, inner = rig_backend(tmp_path)
+    data = payload("f", SIZE)
+    async with wb_rig(tmp_path, fb, writeback=False) as r:
+        fb.fail("upload_part", 3, BackendUnavailable("injected: connection refused"), part=2)
+        d = await r.open(2, "f.bin")
+        await write_streamed(r, d, data)
+        await r.wb.commit(d)  # fsync
+        await check_object(r, inner, "f.bin", data, {})
+        more = payload("g", PART)
+        for off in range(0, len(more), MiB):
+            await r.wb.write(d, SIZE + off, more[off:off + MiB])
+        await close(r, d, {"tierfs-mtime": "2.0"})
+        # parts 1-3 are copied server-side from the version fsync uploaded: no CRCs
+        await check_object(r, inner, "f.bin", data + more, {"tierfs-mtime": "2.0"}, crcs=False)
+        await r.wait_for(lambda: not r.meta.uploads())
+
+
+async def test_store_down_at_close_keeps_the_file_and_uploads_it_later(tmp_path):
+    fb, inner = rig_backend(tmp_path)
+    data = payload("d", SIZE)
+    async with wb_rig(tmp_path, fb, writeback=False) as r:
+        d = await r.open(2, "d.bin")
+        await write_streamed(r, d, data)
+        fb.down = True
+        try:
+            await r.wb.flush(d)
+        except BackendUnavailable:
+            pass
+        else:
+            raise AssertionError("close() should fail while the store is down")
+        await r.wb.release(d)  # journaled by the failed upload: retried in the background
+        await trio.sleep(0.1)
+        fb.down = False
+        await r.settled()
+        await check_object(r, inner, "d.bin", data, {})
+        await r.wait_for(lambda: not r.meta.uploads() and not inner.mpu_list("d.bin"))
