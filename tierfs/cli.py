@@ -53,8 +53,8 @@ _MOUNT_OPTIONS = [
     ("--startup-timeout", "startup_timeout",
      "with a cache index, mount degraded if the store does not answer in this long (10s)"),
     ("--meta-head-max-size", "meta_head_max_size",
-     "objects this small get one HEAD for type/owner/mode/times; 4K takes in symlinks; "
-     "off: none (0: empty objects)"),
+     "objects this small get one HEAD for type/owner/mode/times: 0 (default) the empty "
+     "ones, 4K also symlinks, all (default with --allow-other) everything, off none"),
     ("--log-level", "log_level", "debug, info, warning or error (default info)"),
     ("--log-file", "log_file", "log here (default: stderr; in the background CACHE_DIR/tierfs.log)"),
 ]

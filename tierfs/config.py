@@ -76,8 +76,21 @@ def _size_value(text: object) -> int:
     return int(Decimal(m.group(1)) * _UNITS[(m.group(2) or "").lower()])
 
 
-def _off_or_size(text: object) -> int:
-    return -1 if isinstance(text, str) and text.strip().lower() == "off" else _size_value(text)
+HEAD_ALL = 5 << 40  # meta_head_max_size "all": no object is larger
+
+
+def _head_size_value(text: object) -> int | None:
+    word = text.strip().lower() if isinstance(text, str) else ""
+    if text is None:  # the default: decided by allow_other (MountConfig._consistent)
+        return None
+    if word in ("off", "all"):
+        return -1 if word == "off" else HEAD_ALL
+    return _size_value(text)
+
+
+
+def _show_head_size(n: float) -> str:
+    return {-1: "off", HEAD_ALL: "all"}.get(int(n)) or _show_size(n)
 
 
 def _duration_value(text: object) -> float:
@@ -236,6 +249,10 @@ def _show_size(n: float) -> str:
         if n >= 1 << shift and n % (1 << shift) == 0 and (shift > 10 or n < 1 << 20):
             return f"{int(n) >> shift}{unit}"
     return format_size(n) if n >= 1024 else f"{int(n)}"
+
+
+def _head_size_check(value: int | None) -> int | None:
+    return value if value is None else _ranged(-1, HEAD_ALL, _show_head_size)(value)
 
 
 def _show_duration(s: float) -> str:
@@ -440,11 +457,14 @@ class MountConfig(BaseModel):
         None, "int", "0 - 4294967294", "group shown for files and directories",
         default_factory=os.getgid)
     # LIST entries this small get one HEAD per version, for the type, owner, mode and
-    # times a LIST does not carry: by default the empty ones (special files, directory
-    # markers); 4K takes in symlinks and small files. "off": none (docs/semantics.md)
-    meta_head_max_size: Annotated[int, BeforeValidator(_off_or_size),
-                                  AfterValidator(_ranged(-1, 5 << 40, _show_size))] = _field(
-        0, "size", "0 - 5T, or `off`", "objects this small get one HEAD for their metadata")
+    # times a LIST does not carry: "all" (every object, and every directory's marker: a
+    # multi-user mount's permissions must be the real ones) is the default with
+    # allow_other, else 0 (the empty objects: special files); 4K takes in symlinks and
+    # small files. "off": none (docs/semantics.md, Attributes)
+    meta_head_max_size: Annotated[int | None, BeforeValidator(_head_size_value),
+                                  AfterValidator(_head_size_check)] = _field(
+        None, "size", "0 - 5T, `all` or `off`",
+        "objects this small get one HEAD for their metadata")
     file_mode: Annotated[int, BeforeValidator(_mode_value)] = _field(
         0o644, "mode", "octal, up to 07777", "mode shown for files")
     dir_mode: Annotated[int, BeforeValidator(_mode_value)] = _field(
@@ -464,6 +484,8 @@ class MountConfig(BaseModel):
             raise ValueError("invalid cache-size: must hold at least two chunks")
         if not self.evict_low < self.evict_high:
             raise ValueError("invalid evict-low/evict-high: need 0 < low < high <= 1")
+        if self.meta_head_max_size is None:  # frozen: set once, here
+            object.__setattr__(self, "meta_head_max_size", HEAD_ALL if self.allow_other else 0)
         return self
 
     @property
@@ -737,7 +759,8 @@ def _default_text(name: str) -> str:
     d = f.default
     if d is None or d == "":
         return {"endpoint_url": "AWS", "region": "botocore's", "log_file": "the journal (stderr)",
-                "metrics_addr": "off", "cache_dir": "`/var/cache/tierfs/<id of source>`"}[name]
+                "metrics_addr": "off", "cache_dir": "`/var/cache/tierfs/<id of source>`",
+                "meta_head_max_size": "`\"all\"` with `allow_other`, else `\"0\"`"}[name]
     if kind == "bool":
         return f"`{str(d).lower()}`"
     if kind == "size":

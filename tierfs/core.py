@@ -156,6 +156,7 @@ async def build_core(cfg: MountConfig, backend: Backend | AsyncBackend, *,
         finally:
             with trio.CancelScope(shield=True):
                 await cache.flush_index()
+            cache.close()  # the chunk files the disk tier keeps open
     finally:
         meta.close()
 
@@ -175,7 +176,9 @@ def _wire(cfg: MountConfig, metrics: Metrics, backend: AsyncBackend, meta: MetaS
         log.info("%d files with unsaved writes recovered from the journal", recovered)
     ns = Namespace(meta, backend, metrics, root_prefix=cfg.source.prefix,
                    ttl_s=cfg.metadata_ttl, clock=clock, has_local_writes=wb.is_dirty,
-                   tasks=tasks, head_max_size=cfg.meta_head_max_size)
+                   tasks=tasks, head_max_size=cfg.meta_head_max_size,
+                   # a shared mount's directories show their real modes from the start
+                   head_dirs=cfg.allow_other and cfg.meta_head_max_size >= 0)
     fileio = FileIO(ns, cache, fetcher, prefetcher, metrics, bucket=cfg.source.bucket,
                     writeback=wb, rename_max_objects=cfg.rename_max_objects)
     warmer = Warmer(ns, cache, fetcher, metrics, bucket=cfg.source.bucket,

@@ -161,14 +161,14 @@ class FileIO:
             log.error("read of %r at offset %d failed: %s", h.obj.key, offset, exc)
             raise
 
-    async def _read(self, h: OpenFile, offset: int, size: int) -> bytes:
+    async def _read(self, h: OpenFile, offset: int, size: int) -> bytes | memoryview:
         obj = h.obj
         end = min(offset + size, obj.size)
         if offset >= end:
             return b""
         self.prefetcher.on_read(obj, h.pattern, offset, end)
         cs, bs = self.chunk_size, self.cache.block_size
-        pieces: list[bytes] = []
+        pieces: list[bytes | memoryview] = []
         for index in range(offset // cs, (end - 1) // cs + 1):
             base = index * cs
             lo, hi = max(offset, base) - base, min(end, base + cs) - base
@@ -185,15 +185,17 @@ class FileIO:
                 elif index in h.pattern.loaded:
                     source = "disk"
                 skip = first * bs
-                pieces.append(data[lo - skip:hi - skip])
+                pieces.append(memoryview(data)[lo - skip:hi - skip])
             else:
                 data = await self.fetcher.chunk(obj, index, access=first_access)
                 source = "backend"
-                pieces.append(data[lo:hi])
+                pieces.append(memoryview(data)[lo:hi])
             h.touched.add(index)
             self.metrics.read_bytes.labels(source).inc(hi - lo)
         h.served = True
-        return bytes(pieces[0]) if len(pieces) == 1 else b"".join(pieces)
+        # a view, not a copy: pyfuse3 replies from any contiguous buffer, at once (nothing
+        # runs between this return and the reply that could change the bytes under it)
+        return pieces[0] if len(pieces) == 1 else b"".join(pieces)
 
     # ---- writes ----------------------------------------------------------------------
 

@@ -36,7 +36,6 @@ from typing import Callable, Sequence
 
 import lmdb
 
-from .cache.disk import block_crcs
 from .errors import TierfsError
 from .journal import JOURNAL_NAME, JournalState, scan_file, write_file
 from .meta import (ChunkRecord, MetaStore, chunk_format, probe_index, salvage_index,
@@ -229,11 +228,12 @@ def _crcs_of(fmt: int) -> Callable[[bytes, int], Sequence[int]]:
     if fmt == 1:
         return lambda data, bs: [zlib.crc32(data[i:i + bs])
                                  for i in range(0, max(len(data), 1), bs)]
+    from .cache.disk import block_crcs  # here: it loads trio, which `tierfs` alone must not
     return block_crcs
 
 
 def _verify(path: str, rec: ChunkRecord,
-            crcs_of: Callable[[bytes, int], Sequence[int]] = block_crcs) -> str | None:
+            crcs_of: Callable[[bytes, int], Sequence[int]]) -> str | None:
     """What is wrong with a chunk file against its record, or None."""
     try:
         with open(path, "rb") as f:

@@ -37,6 +37,7 @@ from .tasks import Tasks, leaves
 log = logging.getLogger(__name__)
 
 HEAD_CONCURRENCY = 16  # metadata HEADs of one listing in flight at once
+_UNSEEN = Inode(0, 0, DIR, 0, 0.0, "", "", 0.0)  # stands in for a name not in the index
 
 
 class Caller(NamedTuple):
@@ -56,11 +57,14 @@ class Namespace:
     def __init__(self, meta: MetaStore, backend: AsyncBackend, metrics: Metrics, *,
                  root_prefix: str, ttl_s: float, clock: Callable[[], float] = time.time,
                  has_local_writes: Callable[[int], bool] = lambda ino: False,
-                 tasks: Tasks | None = None, head_max_size: int = -1) -> None:
+                 tasks: Tasks | None = None, head_max_size: int = -1,
+                 head_dirs: bool = False) -> None:
         self.meta = meta
         # objects up to this size (directory markers included) get one HEAD per version
-        # for their metadata: type, owner, mode, times (-1: none)
+        # for their metadata: type, owner, mode, times (-1: none); head_dirs: every new
+        # subdirectory too (its marker, or learning it has none), before it is shown
         self.head_max_size = head_max_size
+        self.head_dirs = head_dirs
         # where background listings run; without one, lookups stay targeted only
         self._tasks = tasks
         self._listing_soon: set[int] = set()
@@ -183,6 +187,8 @@ class Namespace:
         for n in dirs:
             files.pop(n, None)  # a name that is both: the directory wins
         found = await self._read_metadata(d.ino, files)
+        if self.head_dirs:
+            found.update(await self._read_dir_markers(d, dirs))
         if marker is not None and d.ino != ROOT_INO:
             own = d.key.rstrip("/").rpartition("/")[2]
             _, attrs = (await self._read_metadata(d.parent, {own: marker})).get(own, (DIR, None))
@@ -190,7 +196,8 @@ class Namespace:
                 d.attrs = attrs
                 self.meta.set_attrs(d.ino, attrs)
         now = self._clock()
-        entries: list[tuple] = [(n.encode(), DIR, 0, now, "", prefix + n + "/") for n in dirs]
+        entries: list[tuple] = [(n.encode(), DIR, 0, now, "", prefix + n + "/",
+                                 found.get(n, (DIR, None))[1]) for n in dirs]
         for n, o in files.items():
             kind, attrs = found.get(n, (FILE, None))
             entries.append((n.encode(), kind, o.size, o.mtime, o.etag, o.key, attrs))
@@ -240,6 +247,41 @@ class Namespace:
                 if self._wants_head(parent, name, obj):
                     n.start_soon(head, name, obj)
         return found
+
+    async def _read_dir_markers(self, d: Inode, names: set[str]) -> dict[str, tuple[int, Attrs]]:
+        """The attributes of subdirectories never seen before, from their markers: a
+        multi-user mount must not show a directory another node made 0700 as 0755 until it
+        is listed. A prefix without a marker is remembered as such (no second HEAD)."""
+        known = {n: self.meta.child(d.ino, n.encode()) or _UNSEEN for n in names}
+        new = {n for n, node in known.items() if node.attrs.seen is None}
+        if not new:
+            return {}
+        markers: dict[str, ObjectMeta] = {}
+        limiter = trio.CapacityLimiter(HEAD_CONCURRENCY)
+
+        async def head(name: str) -> None:
+            async with limiter:
+                try:
+                    markers[name] = await self.backend.head(d.key + name + "/")
+                except NotFound:
+                    markers[name] = ObjectMeta(d.key + name + "/", 0, "", self._clock())
+                except TierfsError as exc:
+                    log.debug("HEAD of the marker of %r failed: %s", d.key + name, exc)
+
+        async with trio.open_nursery() as n:
+            for name in new:
+                n.start_soon(head, name)
+        out = {}
+        for name, meta in markers.items():
+            if not meta.etag:  # only a prefix: what this node knows stays (its times)
+                mine = known[name].attrs
+                out[name] = (DIR, mine.changed(seen="", mtime_ns=mine.mtime_ns or self._now_ns()))
+            else:
+                _, attrs = from_metadata(meta.metadata or {}, meta.etag)
+                if attrs.mtime_ns is None:
+                    attrs.mtime_ns = int(meta.mtime * 1e9)
+                out[name] = (DIR, attrs)
+        return out
 
     async def lookup(self, parent: int, name: bytes) -> Inode:
         d = self._dir(parent)
