@@ -149,8 +149,11 @@ class FileBackend:
     @_mapped
     def put(self, key: str, data: bytes, metadata: dict[str, str] | None = None) -> ObjectMeta:
         path = self._path(key)
-        if key.endswith("/"):
+        if key.endswith("/"):  # a marker: the directory, its metadata in an xattr
             os.makedirs(path, exist_ok=True)
+            os.setxattr(path, _META_XATTR, json.dumps(metadata or {}).encode())
+            now = time.time_ns()
+            os.utime(path, ns=(now, now))  # a new ETag, as a PUT over a marker gives
             return self._meta(key, os.stat(path))
         os.makedirs(os.path.dirname(path), exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=self._staging(), prefix="put-")
@@ -178,7 +181,8 @@ class FileBackend:
         spath = self._path(src)
         if src.endswith("/"):  # a directory marker
             self.head(src)
-            return self.put(dst, b"").etag
+            keep = self._metadata(spath) if metadata is None else metadata
+            return self.put(dst, b"", keep).etag
         try:
             with open(spath, "rb") as f:
                 if src_etag and self._meta(src, os.fstat(f.fileno())).etag != src_etag:
