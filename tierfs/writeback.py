@@ -24,10 +24,9 @@ failed write) is sent again by close(); the final metadata (write times, chmods 
 the chunk CRCs) is given by copying the object onto itself after completion (S3 cannot
 edit metadata; on RGW a metadata-only change for a multipart object). Not streamed,
 uploaded whole at close as before: --writeback files, files with a base version (their
-untouched parts are copied), writers scattering more than COVER_MAX ranges, parts past
-COPY_MAX (a larger object cannot be copied onto itself: a streamed file that grows past
-it is uploaded again at close). An unlinked file's stream is abandoned: orphan cleanup
-aborts it.
+untouched parts are copied), writers scattering more than COVER_MAX ranges. A streamed
+file larger than COPY_MAX cannot be copied onto itself: it keeps the metadata its upload
+was created with. An unlinked file's stream is abandoned: orphan cleanup aborts it.
 
 Durability (the only copy of acknowledged data lives here until uploaded):
 - default mode: flush (close) and fsync upload and return only when S3 has the object;
@@ -99,7 +98,7 @@ PART_ATTEMPTS = 3  # tries of one part (each with botocore's own retries) before
 PART_RETRY_S = 0.5  # first pause between tries of a part, doubling
 RESTARTS = 2  # times one upload attempt starts over after its multipart upload vanished
 CLOCK_SKEW_S = 300.0  # between this node and the store, when comparing Initiated times
-COPY_MAX = 5 << 30  # S3's largest CopyObject: a streamed upload's metadata is fixed by one
+COPY_MAX = 5 << 30  # S3's largest CopyObject: a larger streamed file keeps its first metadata
 _PENDING = "pending-"  # an uploads record made before CreateMultipartUpload answered
 _WAKE = -1  # queue items that are not inodes: re-check the retry schedule,
 _SWEEP = -2  # abort orphaned uploads
@@ -315,7 +314,7 @@ class WriteBack:
         ps = self.part_size
         s = d.stream
         for n in range(max(0, start // ps - 1), (end - 1) // ps + 1):
-            if (n + 1) * ps >= d.size or (n + 1) * ps > COPY_MAX:
+            if (n + 1) * ps >= d.size:
                 break
             if s is not None and (n in s.queued or s.dead or s.closing or s.key != d.key):
                 continue
@@ -588,10 +587,10 @@ class WriteBack:
         if s is not None:
             s.closing = True  # parts still queued are sent by this upload instead
             await s.idle.wait()
-            if not s.dead and s.upload_id is not None and s.key == d.key and size <= COPY_MAX:
+            if not s.dead and s.upload_id is not None and s.key == d.key:
                 d.upload_id = s.upload_id
                 return s
-            # not created, failed, renamed, or too big to fix its metadata by a copy
+            # not created, failed or renamed
             self._abandon(d, s)
         if d.upload_id is not None:  # an earlier attempt's: parts cost storage until aborted
             old, d.upload_id = d.upload_id, None
@@ -700,7 +699,12 @@ class WriteBack:
         for p in parts:
             crcs = None if crcs is None or p.crcs is None else crcs + p.crcs
         final = self._with_crcs(d, crcs)
-        if final != s.metadata:
+        if final != s.metadata and size > COPY_MAX:
+            # too large to copy onto itself: sending it all again would cost more than the
+            # metadata is worth. It keeps what it was created with (mode, owner; the times
+            # then; no chunk CRCs: reads are verified by the S3 checksums or not at all)
+            log.info("%r (%d bytes) keeps the metadata its upload began with", d.key, size)
+        elif final != s.metadata:
             # created while the file was still written (its mtime, chmods since, no CRCs
             # yet): S3 cannot edit metadata, an object copied onto itself gets new
             # metadata (for a multipart object a metadata-only change on RGW)

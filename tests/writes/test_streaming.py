@@ -172,3 +172,21 @@ async def test_store_down_at_close_keeps_the_file_and_uploads_it_later(tmp_path)
         await r.settled()
         await check_object(r, inner, "d.bin", data, {})
         await r.wait_for(lambda: not r.meta.uploads() and not inner.mpu_list("d.bin"))
+
+
+async def test_a_file_too_large_to_copy_keeps_its_stream_and_first_metadata(tmp_path, monkeypatch):
+    # COPY_MAX (5 GiB in S3) scaled down: the parts already sent are not sent again, and
+    # the object keeps the metadata its upload was created with (no copy onto itself)
+    import tierfs.writeback as writeback
+    monkeypatch.setattr(writeback, "COPY_MAX", 2 * PART)
+    fb, inner = rig_backend(tmp_path)
+    data = payload("big", SIZE)
+    async with wb_rig(tmp_path, fb, writeback=False) as r:
+        d = await r.open(2, "big.bin")
+        first = {"tierfs-mode": "100600"}
+        await r.wb.set_metadata(d, first)
+        await write_streamed(r, d, data)
+        await close(r, d, {"tierfs-mode": "100600", "tierfs-mtime": "123.000000001"})
+        assert fb.calls["upload_part"] == 4  # nothing sent twice
+        assert fb.calls.get("copy", 0) == 0
+        await check_object(r, inner, "big.bin", data, first, crcs=False)
