@@ -229,21 +229,9 @@ class Peer(System):
         return time.perf_counter() - t0
 
     def unmount(self) -> None:
-        if os.path.ismount(self.mnt):
-            subprocess.run(["fusermount3", "-u", self.mnt], capture_output=True)
-        elif self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()  # started but never mounted: nothing to unmount
         if self.proc is not None:
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                self.proc.terminate()
-                try:
-                    self.proc.wait(10)
-                except subprocess.TimeoutExpired:
-                    self.proc.kill()
-                    self.proc.wait()
-        if os.path.ismount(self.mnt):
+            run.unmount_and_wait(self.proc, self.mnt, 60)
+        elif os.path.ismount(self.mnt):
             subprocess.run(["fusermount3", "-u", "-z", self.mnt], capture_output=True)
         self.proc, self.pid = None, None
 

@@ -514,22 +514,29 @@ class MemFS:
         log(f"memfs mounted on {self.mnt} (pid {self.proc.pid})")
 
     def stop(self) -> None:
-        if self.proc is None:
-            return
-        if os.path.ismount(self.mnt):
-            subprocess.run(["fusermount3", "-u", self.mnt], capture_output=True)
-        try:
-            self.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        if os.path.ismount(self.mnt):
-            subprocess.run(["fusermount3", "-u", "-z", self.mnt], capture_output=True)
+        if self.proc is not None:
+            unmount_and_wait(self.proc, self.mnt, 30)
         self.proc = None
+
+
+def unmount_and_wait(proc: subprocess.Popen, mnt: str, wait_s: float) -> None:
+    """Unmount a FUSE server we started and wait for it (terminate, then kill, if it
+    hangs); a mount still there after that is detached lazily."""
+    if os.path.ismount(mnt):
+        subprocess.run(["fusermount3", "-u", mnt], capture_output=True)
+    elif proc.poll() is None:
+        proc.terminate()  # started but never mounted: nothing to unmount
+    try:
+        proc.wait(wait_s)
+    except subprocess.TimeoutExpired:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    if os.path.ismount(mnt):
+        subprocess.run(["fusermount3", "-u", "-z", mnt], capture_output=True)
 
 
 class Profiler:
