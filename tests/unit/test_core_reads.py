@@ -12,6 +12,7 @@ import trio
 
 from tierfs.errors import IsADirectory, NameTooLong, NotADirectory, NotFound, StaleObject
 from tierfs.meta import ROOT_INO
+from tierfs.prefetch import ReadPattern
 
 from unitkit import core, resolve, sample, write
 
@@ -362,3 +363,17 @@ async def test_a_slow_disk_never_holds_back_fetched_bytes_and_bounds_the_backlog
         with trio.fail_after(10):
             assert await c.io.read(h.fh, 7, 100) == data[7:107]
         assert c.gets() == limit + 1
+
+
+async def test_one_continuation_of_a_random_reader_reads_nothing_ahead(tmp_path):
+    async with core(str(tmp_path)) as c:
+        write(c.src, "f.bin", os.urandom(1 << 20))
+        obj = c.io._version(await resolve(c.ns, "f.bin"))
+        p, pat = c.core.prefetcher, ReadPattern()
+        p.on_read(obj, pat, 300_000, 304_096)  # a random read
+        p.on_read(obj, pat, 304_096, 308_192)  # continues it once: a random reader's luck
+        assert pat.window == 0 and not p._active
+        p.on_read(obj, pat, 308_192, 312_288)  # twice in a row: a sequential reader
+        assert pat.window > 0 and p._active
+        p.on_read(obj, pat, 900_000, 904_096)  # and random again
+        assert pat.window == 0
