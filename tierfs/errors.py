@@ -77,10 +77,6 @@ class FileTooBig(TierfsError):
     errno = errno.EFBIG
 
 
-class NotPermitted(TierfsError):
-    errno = errno.EPERM
-
-
 class BackendError(TierfsError):
     """The object store failed after botocore's own retries."""
 
