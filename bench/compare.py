@@ -41,7 +41,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import datagen  # noqa: E402
 import run  # noqa: E402  (bench/run.py: the RGW, mount and measuring helpers)
 from run import (BUCKET, CHUNK, LARGE_KEY, LARGE_SEED, GiB, KiB, MiB, BenchError,  # noqa: E402
-                 MemFS, Pieces, Rgw, Source, TierfsMount, alive, drop_caches, log, proc_cpu,
+                 MemFS, Pieces, Rgw, Source, TierfsMount, drop_caches, log, proc_cpu,
                  proc_status_kib, seq_read)
 
 SYSTEMS = ("tierfs", "s3fs", "rclone")
@@ -441,10 +441,7 @@ class Compare:
     # ---- data ---------------------------------------------------------------------
 
     def check_host(self) -> None:
-        if os.geteuid() != 0:
-            raise BenchError("run as root (drop_caches, /run/tierfs)")
-        if not os.path.exists("/dev/fuse") or not shutil.which("fusermount3"):
-            raise BenchError("needs /dev/fuse and fusermount3 (apt-get install fuse3)")
+        run.require_root_and_fuse()
         p = self.plan
         need = 2 * self.stored + 4 * p.large + p.write + 2 * GiB  # RGW, ours, memfs
         if run.mem_available() < need:

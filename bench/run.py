@@ -519,6 +519,14 @@ class MemFS:
         self.proc = None
 
 
+def require_root_and_fuse() -> None:
+    """What every bench here needs of the machine (each then checks its own RAM and disk)."""
+    if os.geteuid() != 0:
+        raise BenchError("run as root (drop_caches, /run/tierfs, bdi read-ahead)")
+    if not os.path.exists("/dev/fuse") or not shutil.which("fusermount3"):
+        raise BenchError("needs /dev/fuse and fusermount3 (apt-get install fuse3)")
+
+
 def unmount_and_wait(proc: subprocess.Popen, mnt: str, wait_s: float) -> None:
     """Unmount a FUSE server we started and wait for it (terminate, then kill, if it
     hangs); a mount still there after that is detached lazily."""
@@ -736,10 +744,7 @@ class Bench:
     # ---- setup ----------------------------------------------------------------------
 
     def check_host(self) -> None:
-        if os.geteuid() != 0:
-            raise BenchError("run as root (drop_caches, /run/tierfs, bdi read-ahead)")
-        if not os.path.exists("/dev/fuse") or not shutil.which("fusermount3"):
-            raise BenchError("needs /dev/fuse and fusermount3 (apt-get install fuse3)")
+        require_root_and_fuse()
         p = self.plan
         # memstore ~2x the stored bytes, this process and memfs each hold the large file
         need = 2 * self.stored + 2 * p.large + p.hot_total + p.scan_total + 2 * GiB

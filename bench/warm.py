@@ -377,10 +377,7 @@ class WarmBench(run.Bench):
     # ---- setup ----------------------------------------------------------------------
 
     def check_host(self) -> None:
-        if os.geteuid() != 0:
-            raise BenchError("run as root (drop_caches, /run/tierfs)")
-        if not os.path.exists("/dev/fuse") or not shutil.which("fusermount3"):
-            raise BenchError("needs /dev/fuse and fusermount3 (apt-get install fuse3)")
+        run.require_root_and_fuse()
         p = self.plan
         # the RGW's memstore ~2x what it stores; the bench holds the small files (the
         # large ones are generated slice by slice); the daemons' memory tiers

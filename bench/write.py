@@ -18,7 +18,6 @@ import collections
 import datetime
 import hashlib
 import os
-import shutil
 import statistics
 import sys
 import tempfile
@@ -254,10 +253,7 @@ class WriteBench(run.Bench):
         return super().add(row)
 
     def check_host(self) -> None:
-        if os.geteuid() != 0:
-            raise BenchError("run as root (drop_caches, /run/tierfs)")
-        if not os.path.exists("/dev/fuse") or not shutil.which("fusermount3"):
-            raise BenchError("needs /dev/fuse and fusermount3 (apt-get install fuse3)")
+        run.require_root_and_fuse()
         p = self.plan
         # the RGW's memstore ~2x what it stores; the bench holds the data and one copy
         # read back; the page cache holds the staging files for a while

@@ -28,18 +28,10 @@ from tierfs.meta import ROOT_INO
 from tierfs.tasks import leaves
 
 from faultkit import FaultBackend, Hang, InjectedBug, error, unavailable, unexpected
-from unitkit import core
+from unitkit import core, write
 
 KIB = 1 << 10
 CS = 64 * KIB
-
-
-def write_src(src: str, key: str, data: bytes) -> bytes:
-    path = os.path.join(src, *key.split("/"))
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, "wb") as f:
-        f.write(data)
-    return data
 
 
 def pattern(n: int, seed: int = 1) -> bytes:
@@ -132,7 +124,7 @@ async def read_rest(c, h, data: bytes) -> None:
                          ids=["RuntimeError", "ExceptionGroup", "ValueError"])
 async def test_read_ahead_meets_a_raw_backend_exception(tmp_path, caplog, action):
     src, fb, rig = fault_core(tmp_path, readahead=4)
-    data = write_src(src, "big", pattern(8 * CS))
+    data = write(src, "big", pattern(8 * CS))
     async with rig as c:
         # every GET past the first chunk fails: only read-ahead asks for those
         rule = fb.inject("get", action, when=lambda call: call.start >= CS)
@@ -147,7 +139,7 @@ async def test_read_ahead_meets_a_raw_backend_exception(tmp_path, caplog, action
 
 async def test_read_ahead_bug_is_reported_by_the_supervisor(tmp_path, caplog, monkeypatch):
     src, fb, rig = fault_core(tmp_path, readahead=4)
-    data = write_src(src, "big", pattern(8 * CS))
+    data = write(src, "big", pattern(8 * CS))
     async with rig as c:
         real = c.core.fetcher.chunk
 
@@ -166,7 +158,7 @@ async def test_read_ahead_bug_is_reported_by_the_supervisor(tmp_path, caplog, mo
 
 async def test_read_ahead_backend_errors_are_not_internal_errors(tmp_path, caplog):
     src, fb, rig = fault_core(tmp_path, readahead=4)
-    data = write_src(src, "big", pattern(6 * CS))
+    data = write(src, "big", pattern(6 * CS))
     async with rig as c:
         rule = fb.inject("get", error(), when=lambda call: call.start >= CS)
         h = await read_first_chunk(c, "big", data)
@@ -195,7 +187,7 @@ async def read_warmed(c, files: dict[str, bytes]) -> None:
 
 async def test_warm_meets_a_raw_backend_exception(tmp_path, caplog):
     src, fb, rig = fault_core(tmp_path)
-    files = {f"d/f{i}": write_src(src, f"d/f{i}", pattern(2 * CS + i, seed=i)) for i in range(4)}
+    files = {f"d/f{i}": write(src, f"d/f{i}", pattern(2 * CS + i, seed=i)) for i in range(4)}
     async with rig as c:
         rule = fb.inject("get_into", unexpected(group=True), count=2)
         result = await c.core.warmer.warm(["d"], concurrency=2)  # returns, never raises
@@ -211,7 +203,7 @@ async def test_warm_meets_a_raw_backend_exception(tmp_path, caplog):
 
 async def test_warm_bug_goes_to_the_client_with_one_traceback(tmp_path, caplog, monkeypatch):
     src, fb, rig = fault_core(tmp_path)
-    files = {f"d/f{i}": write_src(src, f"d/f{i}", pattern(2 * CS + i, seed=i)) for i in range(4)}
+    files = {f"d/f{i}": write(src, f"d/f{i}", pattern(2 * CS + i, seed=i)) for i in range(4)}
     async with rig as c:
         real = c.core.fetcher.warm
         bugs = []
@@ -236,8 +228,8 @@ async def test_warm_bug_goes_to_the_client_with_one_traceback(tmp_path, caplog, 
 
 async def test_warm_listing_failure_is_an_error_entry_not_a_crash(tmp_path, caplog):
     src, fb, rig = fault_core(tmp_path)
-    write_src(src, "d/sub/a", b"a" * 100)
-    write_src(src, "d/b", b"b" * 100)
+    write(src, "d/sub/a", b"a" * 100)
+    write(src, "d/b", b"b" * 100)
     async with rig as c:
         rule = fb.inject("list", unexpected(), when=lambda call: call.key == "d/sub/", count=1)
         result = await c.core.warmer.warm(["d"])
@@ -250,7 +242,7 @@ async def test_warm_listing_failure_is_an_error_entry_not_a_crash(tmp_path, capl
 
 async def test_warm_store_errors_are_reported_not_internal(tmp_path, caplog):
     src, fb, rig = fault_core(tmp_path)
-    write_src(src, "f", pattern(3 * CS))
+    write(src, "f", pattern(3 * CS))
     async with rig as c:
         fb.inject("get_into", error())
         result = await c.core.warmer.warm(["f"])
@@ -319,7 +311,7 @@ async def test_crashed_flusher_is_started_again(tmp_path, caplog, monkeypatch):
     calls: list = []
     monkeypatch.setattr(ChunkCache, "run_flusher", fail_first(2, ChunkCache.run_flusher, calls))
     src, fb, rig = fault_core(tmp_path)
-    data = write_src(src, "f", pattern(3 * CS))
+    data = write(src, "f", pattern(3 * CS))
     async with rig as c:
         await eventually(lambda: len(calls) == 3, timeout_s=20)
         assert c.internal_errors("flusher") == 2
@@ -342,7 +334,7 @@ async def test_uploads_go_on_after_raw_backend_exceptions(tmp_path, caplog):
         await write_file(c, "good", good)
         await eventually(lambda: in_bucket(src, "good") == good)
         assert await read_file(c, "good") == good
-        write_src(src, "other", b"x" * 3000)
+        write(src, "other", b"x" * 3000)
         assert await read_file(c, "other") == b"x" * 3000
 
 
@@ -397,7 +389,7 @@ async def test_recovery_meets_raw_backend_exceptions_and_the_core_serves(tmp_pat
             assert await read_file(c, name) == data
         await write_file(c, "after", b"after" * 100)
         await eventually(lambda: in_bucket(src, "after") == b"after" * 100)
-        write_src(src, "plain", b"p" * 5000)
+        write(src, "plain", b"p" * 5000)
         assert await read_file(c, "plain") == b"p" * 5000
 
 
@@ -416,7 +408,7 @@ async def test_orphan_cleanup_meets_a_raw_backend_exception(tmp_path, caplog):
         await eventually(lambda: rule.fired == 1)
         await eventually(lambda: internal(c, "orphan-cleanup", "backend") >= 1)
         await eventually(lambda: tracebacks(caplog, InjectedBug))
-        write_src(src, "plain", b"p" * 5000)
+        write(src, "plain", b"p" * 5000)
         assert await read_file(c, "plain") == b"p" * 5000
 
 
@@ -428,7 +420,7 @@ async def test_fault_backend_damages_reads_and_hangs_until_released(tmp_path):
 
     src = os.path.join(str(tmp_path), "src")
     os.makedirs(src)
-    data = write_src(src, "k", pattern(4096))
+    data = write(src, "k", pattern(4096))
     fb = FaultBackend(FileBackend(src), seed=5)
     cut = fb.inject("get", truncate(100), count=1)
     assert fb.get("k", 0, 4096, None) == data[:100]

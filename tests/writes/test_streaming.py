@@ -9,7 +9,7 @@ from __future__ import annotations
 import random
 
 import trio
-from wbkit import MiB, FaultyBackend, wb_rig
+from wbkit import MiB, file_backend, payload, wb_rig
 
 from tierfs.backend.file import FileBackend
 from tierfs.cache import ObjectVersion
@@ -21,15 +21,6 @@ PART = 8 * MiB  # the rig's chunk is 1 MiB: parts are 8 MiB
 SIZE = 3 * PART + 12345
 
 
-def payload(seed: str, size: int) -> bytes:
-    return random.Random(seed).randbytes(size)
-
-
-def rig_backend(tmp_path) -> tuple[FaultyBackend, FileBackend]:
-    src = tmp_path / "src"
-    src.mkdir(exist_ok=True)
-    inner = FileBackend(str(src))
-    return FaultyBackend(inner), inner
 
 
 async def write_streamed(r, d: DirtyFile, data: bytes, piece: int = MiB) -> None:
@@ -66,7 +57,7 @@ async def close(r, d: DirtyFile, metadata: dict) -> None:
 
 
 async def test_parts_are_sent_while_writing_and_close_finishes(tmp_path):
-    fb, inner = rig_backend(tmp_path)
+    fb, inner = file_backend(tmp_path)
     data = payload("s", SIZE)
     async with wb_rig(tmp_path, fb, writeback=False) as r:
         d = await r.open(2, "s.bin")
@@ -81,7 +72,7 @@ async def test_parts_are_sent_while_writing_and_close_finishes(tmp_path):
 
 
 async def test_overwrite_and_truncate_of_sent_parts_resend_them(tmp_path):
-    fb, inner = rig_backend(tmp_path)
+    fb, inner = file_backend(tmp_path)
     data = bytearray(payload("o", SIZE))
     async with wb_rig(tmp_path, fb, writeback=False) as r:
         d = await r.open(2, "o.bin")
@@ -100,7 +91,7 @@ async def test_overwrite_and_truncate_of_sent_parts_resend_them(tmp_path):
 
 
 async def test_random_order_writes_and_a_file_cut_to_one_part(tmp_path):
-    fb, inner = rig_backend(tmp_path)
+    fb, inner = file_backend(tmp_path)
     data = payload("r", SIZE)
     pieces = list(range(0, SIZE, MiB))
     random.Random(1).shuffle(pieces)
@@ -121,7 +112,7 @@ async def test_random_order_writes_and_a_file_cut_to_one_part(tmp_path):
 
 
 async def test_unlink_while_streaming_aborts_the_upload(tmp_path):
-    fb, inner = rig_backend(tmp_path)
+    fb, inner = file_backend(tmp_path)
     data = payload("u", SIZE)
     async with wb_rig(tmp_path, fb, writeback=False) as r:
         d = await r.open(2, "u.bin")
@@ -136,7 +127,7 @@ async def test_unlink_while_streaming_aborts_the_upload(tmp_path):
 async def test_failed_background_parts_and_fsync_midway(tmp_path):
     """Parts that fail in the background are sent by close(); an fsync while the file is
     still written completes the stream, later writes build on the uploaded version."""
-    fb, inner = rig_backend(tmp_path)
+    fb, inner = file_backend(tmp_path)
     data = payload("f", SIZE)
     async with wb_rig(tmp_path, fb, writeback=False) as r:
         fb.fail("upload_part", 3, BackendUnavailable("injected: connection refused"), part=2)
@@ -154,7 +145,7 @@ async def test_failed_background_parts_and_fsync_midway(tmp_path):
 
 
 async def test_store_down_at_close_keeps_the_file_and_uploads_it_later(tmp_path):
-    fb, inner = rig_backend(tmp_path)
+    fb, inner = file_backend(tmp_path)
     data = payload("d", SIZE)
     async with wb_rig(tmp_path, fb, writeback=False) as r:
         d = await r.open(2, "d.bin")
@@ -179,7 +170,7 @@ async def test_a_file_too_large_to_copy_keeps_its_stream_and_first_metadata(tmp_
     # the object keeps the metadata its upload was created with (no copy onto itself)
     import tierfs.writeback as writeback
     monkeypatch.setattr(writeback, "COPY_MAX", 2 * PART)
-    fb, inner = rig_backend(tmp_path)
+    fb, inner = file_backend(tmp_path)
     data = payload("big", SIZE)
     async with wb_rig(tmp_path, fb, writeback=False) as r:
         d = await r.open(2, "big.bin")

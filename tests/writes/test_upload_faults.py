@@ -18,11 +18,10 @@ from __future__ import annotations
 
 import errno
 import os
-import random
 
 import pytest
 import trio
-from wbkit import MiB, FaultyBackend, wb_rig
+from wbkit import MiB, FaultyBackend, file_backend, payload, wb_rig
 
 from tierfs.backend.file import FileBackend
 from tierfs.cache import ObjectVersion
@@ -33,15 +32,6 @@ CHUNK = MiB
 BIG = 20 * MiB + 12345  # three 8 MiB parts, the last one short
 
 
-def payload(seed: str, size: int) -> bytes:
-    return random.Random(seed).randbytes(size)
-
-
-def file_backend(tmp_path) -> tuple[FaultyBackend, FileBackend]:
-    src = tmp_path / "src"
-    src.mkdir(exist_ok=True)
-    inner = FileBackend(str(src))
-    return FaultyBackend(inner), inner
 
 
 def stored(inner: FileBackend, key: str) -> bytes | None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import os
+import random
 import threading
 from dataclasses import dataclass
 from typing import AsyncIterator
@@ -26,6 +27,7 @@ from typing import AsyncIterator
 import trio
 
 from tierfs.backend.base import Backend
+from tierfs.backend.file import FileBackend
 from tierfs.backend.runner import AsyncBackend
 from tierfs.cache import ChunkCache, ObjectVersion
 from tierfs.cache.disk import DiskTier
@@ -117,6 +119,19 @@ class FaultyBackend:
     def mpu_list(self, key):
         self._gate("mpu_list", key)
         return self.inner.mpu_list(key)
+
+
+def file_backend(tmp_path) -> tuple[FaultyBackend, FileBackend]:
+    """A FaultyBackend over a FileBackend on TMP/src, and that FileBackend (to look at what
+    the store holds without going through the faults)."""
+    src = tmp_path / "src"
+    src.mkdir(exist_ok=True)
+    inner = FileBackend(str(src))
+    return FaultyBackend(inner), inner
+
+
+def payload(seed: str, size: int) -> bytes:
+    return random.Random(seed).randbytes(size)
 
 
 def _plenty(path: str) -> os.statvfs_result:
