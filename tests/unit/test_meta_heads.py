@@ -3,11 +3,14 @@ on the in-process core over a FileBackend whose objects carry tierfs metadata.""
 
 from __future__ import annotations
 
+import os
 import stat
 
 import pytest
+from faultkit import FaultBackend, unavailable
 
 from tierfs.attrs import DIR, FIFO, FILE, Attrs
+from tierfs.backend.file import FileBackend
 from tierfs.meta import ROOT_INO
 from unitkit import core, sample
 
@@ -67,3 +70,17 @@ async def test_a_directorys_own_listing_reads_its_marker(tmp_path):
         assert (private.attrs.mode, private.attrs.uid, private.attrs.mtime_ns) == (
             0o700, 1234, OTHER_NODE.mtime_ns)
         assert stat.S_IMODE(private.attrs.mode) == 0o700
+
+
+async def test_a_failed_metadata_head_leaves_the_entry_plain_and_is_asked_again(tmp_path):
+    src = os.path.join(str(tmp_path), "src")
+    os.makedirs(src)
+    fb = FaultBackend(FileBackend(src), seed=3)
+    tree(fb.inner)
+    async with core(str(tmp_path), backend=fb, bucket=src) as c:  # single user: HEAD empties
+        fb.inject("head", unavailable(), count=1)
+        await c.ns.listdir(ROOT_INO)  # the listing does not fail for want of metadata
+        assert shown(c)[b"pipe"] == (FILE, None, None)
+        c.clock.advance(3600)
+        await c.ns.listdir(ROOT_INO)  # not remembered as read: the next listing asks again
+        assert shown(c)[b"pipe"][0] == FIFO
