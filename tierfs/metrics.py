@@ -87,6 +87,17 @@ class Metrics:
                                           "Fetched bodies whose checksum did not match (refetched)",
                                           ["check"], registry=r)
 
+        # the peer tier (docs/peers.md): role is "client" (this node asked) or "server"
+        # (this node answered); result is a fixed vocabulary (ok, refused, unavailable,
+        # corrupt, stale, overloaded, unauthorized, timeout, bad_request)
+        self.peer_requests = Counter("tierfs_peer_requests", "Chunk requests between peers",
+                                     ["role", "result"], registry=r)
+        self.peer_bytes = Counter("tierfs_peer_bytes",
+                                  "Chunk bytes between peers (direction: in, out)",
+                                  ["direction"], registry=r)
+        self.peers_up = Gauge("tierfs_peers_up", "Peers this node currently asks for chunks",
+                              registry=r)
+
     def value(self, name: str, **labels: str) -> float:
         """The current value of one sample (0 if it was never set), e.g. for status."""
         return self.registry.get_sample_value(name, labels) or 0.0
