@@ -53,6 +53,7 @@ KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 
 # the issue's sizes with TIERFS_LONG=1 (a long run, as TIERFS_SOAK_SECONDS lengthens the soak)
 LONG = os.environ.get("TIERFS_LONG", "") == "1"
+HANG_S = 1800.0 if LONG else 600.0  # see restore()
 
 
 @dataclass(frozen=True)
@@ -413,8 +414,17 @@ def restore(nodes: list[Node], ckpt: Checkpoint, *, threads_per_node: int = 1,
                 out.append(ReadResult(node.index, o.key, error=f"{type(e).__name__}: {e}"))
         return out
 
-    with ThreadPoolExecutor(len(jobs)) as ex:
-        return [r for rs in ex.map(run, jobs) for r in rs]
+    # a guard against a hang, not a timing assertion: a read that never returns is a bug
+    # the daemons' deadlines should make impossible; the fleet's teardown then unmounts
+    # and the blocked reads fail
+    ex = ThreadPoolExecutor(len(jobs))
+    try:
+        futures = [ex.submit(run, job) for job in jobs]
+        return [r for f in futures for r in f.result(timeout=HANG_S)]
+    except TimeoutError:
+        raise AssertionError(f"reads still blocked after {HANG_S} s") from None
+    finally:
+        ex.shutdown(wait=False)
 
 
 def wrong(results: list[ReadResult], ckpt: Checkpoint) -> list[str]:
@@ -610,7 +620,7 @@ class WrongEtagPeer:
         self.sock.bind(("127.0.0.1", 0))
         self.sock.listen(128)
         self.port = self.sock.getsockname()[1]
-        self.answered = 0
+        self.asked = 0
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._conns: list = []
@@ -662,8 +672,8 @@ class WrongEtagPeer:
                          f"x-tierfs-block-size: {BLOCK}\r\n"
                          f"x-tierfs-crc32c: {format_crcs(crcs)}\r\n"
                          f"x-tierfs-sig: {sig}\r\n\r\n").encode()
+                self.asked += 1  # before sending: a reader may hang up after the head
                 conn.sendall(reply + chunk)
-                self.answered += 1
         except OSError:
             return
         finally:

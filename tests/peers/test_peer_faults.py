@@ -1,0 +1,201 @@
+"""Peers that fail, lie or are not peers: a reader never serves or caches their bytes, and
+goes to the store within the deadline (issue 13, "Tests").
+
+The misbehaving peers run in the test process and are listed in the peers file like any
+node (tests/peers/cluster.py): a real `tierfs.peers.server.PeerServer` holding the shared
+secret whose serve callback damages the chunk (`FakePeer`), a raw socket that accepts and
+never answers (`HangingPeer`), a raw HTTP server that signs another ETag (`WrongEtagPeer`).
+The reader mounts with 1 MiB chunks and reads a 32 MiB file: the fake owns about half of
+its 32 chunks (rendezvous over two peers), so it owns at least one but with odds of 2^-32.
+
+What a damaged reply can be caught by:
+  - CRCs of the true bytes with a flipped body (`crc_before_flip`): the reader's CRC32C of
+    each block differs from the signed header -> "corrupt";
+  - CRCs computed over the flipped bytes and signed with the secret (`crc_after_flip`): the
+    reply is self-consistent; only a checksum from the store can tell. tierfs writes a
+    CRC32C per chunk into the metadata of the objects it writes (tierfs/integrity.py,
+    `chunk_crcs_metadata`); the reader checks the peer's chunk against it when it knows it.
+"""
+
+from __future__ import annotations
+
+import http.client
+import secrets
+import time
+
+import pytest
+
+from cluster import (Checkpoint, FakePeer, HangingPeer, Misbehave, MiB, Obj, WrongEtagPeer,
+                     payload, read_sha, sha256)
+
+pytestmark = pytest.mark.mount
+
+CHUNK_ARGS = ["--chunk-size", "1M"]
+SIZE = 32 * MiB
+KEY = "ckpt/model.pt"
+
+
+def _one(s3, bucket: str, key: str = KEY, size: int = SIZE, *, metadata=None,
+         seed: str = "faults") -> tuple[bytes, Checkpoint]:
+    data = payload(seed, size)
+    s3.put_object(Bucket=bucket, Key=key, Body=data, Metadata=metadata or {})
+    return data, Checkpoint(bucket, "ckpt", [Obj(key, size, sha256(data))])
+
+
+def _remount(c, node):
+    """Stop one node and mount its cache dir again (memory tier empty, disk tier kept)."""
+    from mounting import Mount
+
+    m = node.mount
+    m.stop()
+    node.mount = Mount(m.rgw, m.source, m.mountpoint, m.cache_dir, m.extra_args, timeout=60.0)
+    return node
+
+
+def _assert_served_only_store_bytes(c, node, data: bytes, fake_asked: int) -> None:
+    """The reader's cache holds the store's bytes for every chunk: after a remount (memory
+    tier gone) the whole file reads back exact with no request to the store or a peer."""
+    gets = node.counter("tierfs_backend_requests_total", op="get")
+    assert gets >= 1
+    _remount(c, node)
+    assert read_sha(node.path / KEY)[0] == sha256(data)
+    assert node.counter("tierfs_backend_requests_total", op="get") == 0
+    assert node.counter("tierfs_peer_requests_total", role="client") == 0
+    assert fake_asked >= 1
+
+
+@pytest.mark.parametrize("kind", ["crc_before_flip"])
+def test_a_peer_serving_damaged_bytes_is_caught_and_never_cached(fleet, s3, bucket, kind):
+    secret = secrets.token_hex(32).encode()
+    data, _ = _one(s3, bucket)
+    with FakePeer(secret, {KEY: data}, Misbehave(kind)) as fake:
+        c = fleet(1, secret=secret, extra_args=CHUNK_ARGS, extra_peers=[fake.addr])
+        node = c.nodes[0]
+        c.access_log.start()
+        assert read_sha(node.path / KEY)[0] == sha256(data)
+        assert len(fake.asked) >= 1
+        assert node.counter("tierfs_peer_requests_total", role="client", result="corrupt") >= 1
+        assert node.counter("tierfs_read_bytes_total", source="peer") == 0
+        # every chunk came from the store, the fake's included
+        assert c.access_log.since_start().get_bytes >= SIZE
+        # a peer that lied is marked down: no longer counted as up
+        assert node.counter("tierfs_peers_up") == 0
+        asked = len(fake.asked)
+    _assert_served_only_store_bytes(c, node, data, asked)
+
+
+def test_a_peer_lying_with_the_secret_is_caught_by_the_stores_chunk_crcs(fleet, s3, bucket):
+    # the object carries the per-chunk CRC32Cs tierfs writes (as if written through a
+    # mount with the reader's chunk size); the peer's reply is signed and self-consistent
+    from tierfs.integrity import chunk_crcs_metadata, crc32c
+
+    data = payload("lying", SIZE)
+    crcs = [crc32c(data[i:i + MiB]) for i in range(0, SIZE, MiB)]
+    meta = chunk_crcs_metadata(MiB, crcs)
+    assert meta, "the CRC list fits in the metadata"
+    s3.put_object(Bucket=bucket, Key=KEY, Body=data, Metadata=meta)
+    secret = secrets.token_hex(32).encode()
+    with FakePeer(secret, {KEY: data}, Misbehave("crc_after_flip")) as fake:
+        c = fleet(1, secret=secret, extra_args=CHUNK_ARGS + ["--meta-head-max-size", "all"],
+                  extra_peers=[fake.addr])
+        node = c.nodes[0]
+        assert read_sha(node.path / KEY)[0] == sha256(data)
+        assert len(fake.asked) >= 1
+        assert node.counter("tierfs_peer_requests_total", role="client", result="corrupt") >= 1
+        assert node.counter("tierfs_read_bytes_total", source="peer") == 0
+        asked = len(fake.asked)
+    _assert_served_only_store_bytes(c, node, data, asked)
+
+
+def test_a_peer_that_knows_another_etag_is_not_used(fleet, s3, bucket):
+    # 409 from a real PeerServer: the owner's cache has another version of the key
+    secret = secrets.token_hex(32).encode()
+    data, _ = _one(s3, bucket)
+    with FakePeer(secret, {KEY: data}, Misbehave("stale")) as fake:
+        c = fleet(1, secret=secret, extra_args=CHUNK_ARGS, extra_peers=[fake.addr])
+        node = c.nodes[0]
+        assert read_sha(node.path / KEY)[0] == sha256(data)
+        assert len(fake.asked) >= 1
+        assert node.counter("tierfs_peer_requests_total", role="client", result="stale") >= 1
+        assert node.counter("tierfs_read_bytes_total", source="peer") == 0
+        # a refusal is an answer: the peer stays up
+        assert node.counter("tierfs_peers_up") == 1
+        asked = len(fake.asked)
+    _assert_served_only_store_bytes(c, node, data, asked)
+
+
+def test_a_reply_signed_for_another_etag_is_corrupt(fleet, s3, bucket):
+    secret = secrets.token_hex(32).encode()
+    data, _ = _one(s3, bucket)
+    with WrongEtagPeer(secret, {KEY: data}, "0123456789abcdef0123456789abcdef") as peer:
+        c = fleet(1, secret=secret, extra_args=CHUNK_ARGS, extra_peers=[peer.addr])
+        node = c.nodes[0]
+        assert read_sha(node.path / KEY)[0] == sha256(data)
+        assert peer.asked >= 1
+        assert node.counter("tierfs_peer_requests_total", role="client", result="corrupt") >= 1
+        assert node.counter("tierfs_read_bytes_total", source="peer") == 0
+        asked = peer.asked
+    _assert_served_only_store_bytes(c, node, data, asked)
+
+
+def test_a_peer_that_hangs_costs_one_deadline_then_the_store(fleet, s3, bucket):
+    data, _ = _one(s3, bucket)
+    with HangingPeer() as hang:
+        c = fleet(1, extra_args=CHUNK_ARGS, extra_peers=[hang.addr],
+                  peer_args=["--peer-timeout", "0.5s"])
+        node = c.nodes[0]
+        assert read_sha(node.path / KEY)[0] == sha256(data)
+        assert hang.accepted >= 1
+        assert node.counter("tierfs_peer_requests_total", role="client", result="timeout") >= 1
+        assert node.counter("tierfs_read_bytes_total", source="peer") == 0
+        assert node.counter("tierfs_peers_up") == 0
+        # the rest of the file, and a second file, went to the store without asking it
+        data2, _ = _one(s3, bucket, "ckpt/other.pt", seed="other")
+        before = node.counter("tierfs_peer_requests_total", role="client")
+        assert read_sha(node.path / "ckpt/other.pt")[0] == sha256(data2)
+        assert node.counter("tierfs_peer_requests_total", role="client") == before
+
+
+def _get(port: int, target: str, auth: str | None) -> tuple[int, bytes, dict]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    try:
+        conn.request("GET", target, headers={"authorization": auth} if auth else {})
+        r = conn.getresponse()
+        return r.status, r.read(), {k.lower(): v for k, v in r.getheaders()}
+    finally:
+        conn.close()
+
+
+def test_no_secret_or_a_wrong_one_gets_401_and_no_bytes(fleet, s3, bucket):
+    from tierfs.peers.wire import ChunkRequest, sign_request
+
+    data = payload("auth", 3 * MiB)
+    etag = s3.put_object(Bucket=bucket, Key=KEY, Body=data)["ETag"].strip('"')
+    c = fleet(2)
+    node = c.nodes[0]
+    target = ChunkRequest(bucket, KEY, etag, len(data), 0, 8 * MiB).target()
+    now = time.time()
+
+    refused = {
+        "no header": None,
+        "wrong secret": sign_request(b"not-the-secret", "127.0.0.1:1", "GET", target, now),
+        "an hour old": sign_request(c.secret, "127.0.0.1:1", "GET", target, now - 3600),
+        "other target": sign_request(c.secret, "127.0.0.1:1", "GET", target + "x", now),
+        "garbage": "Bearer " + c.secret.decode(),
+    }
+    for what, auth in refused.items():
+        status, body, _ = _get(node.peer_port, target, auth)
+        assert (status, body) == (401, b""), what
+    assert node.counter("tierfs_peer_requests_total", role="server",
+                        result="unauthorized") == len(refused)
+    assert node.counter("tierfs_peer_bytes_total", direction="out") == 0
+    assert node.counter("tierfs_backend_requests_total", op="get") == 0
+
+    # the control: the same request signed with the shared secret gets the bytes
+    status, body, headers = _get(node.peer_port, target,
+                                 sign_request(c.secret, "127.0.0.1:1", "GET", target, now))
+    assert status == 200 and body == data
+    assert headers["x-tierfs-etag"] == etag
+    # the secret appears in no log line and no metric
+    assert c.secret.decode() not in node.mount.log_text()
+    assert c.secret.decode() not in node.mount.metrics_text()
