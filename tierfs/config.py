@@ -9,13 +9,16 @@ options table of docs/operations.md (`python -m tierfs.config --doc-table`).
 Rules every value obeys, whatever its source: numbers are finite (no NaN, no Infinity),
 sizes fit the machine (the memory tier in RAM), durations are at most a year, uid/gid are
 32-bit ids, URLs are parsed here (not by botocore in the background daemon), and text has
-no control characters and a bounded length. Any problem is one UsageError whose message
+no control characters and a bounded length. Files that hold secrets (peer_secret_file,
+peer_tls_key) are checked here: regular, the daemon's user's, mode 0600 or stricter; the
+secret's bytes are read by read_peer_secret only, never kept in the config. Any problem is one UsageError whose message
 names the option and the reason, so the CLI prints one line and exits.
 """
 
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import math
 import os
 import re
@@ -338,6 +341,49 @@ def _source_value(value: object) -> object:
     return Source.parse(value) if isinstance(value, str) else value
 
 
+_PEER_HOST_RE = re.compile(r"[A-Za-z0-9_](?:[A-Za-z0-9_.-]{0,252})", re.ASCII)
+
+
+def _peers_value(value: object) -> str:
+    """The syntax of a peers source (tierfs/peers/members.py reads it)."""
+    text = check_text(value, what="a peers source").strip()
+    kind, sep, rest = text.partition(":")
+    if text == "slurm":
+        return text
+    if sep and kind == "file":
+        if not rest.startswith("/"):
+            raise ValueError("expected file:/ABSOLUTE/PATH")
+        return text
+    if sep and kind == "dns":
+        name, sep, port = rest.rpartition(":")
+        if not (sep and _PEER_HOST_RE.fullmatch(name) and ".." not in name
+                and re.fullmatch(r"\d{1,5}", port, re.ASCII) and 0 < int(port) < 65536):
+            raise ValueError("expected dns:NAME:PORT")
+        return text
+    raise ValueError("expected file:PATH, dns:NAME:PORT or slurm")
+
+
+def _bandwidth_value(value: object) -> int | None:
+    if value is None or (isinstance(value, str) and value.strip().lower() in ("unlimited", "")):
+        return None
+    if isinstance(value, str):
+        value = re.sub(r"(?i)\s*/\s*s\s*$", "", value)  # "500M/s" as the docs write it
+    return _size_value(value)
+
+
+def _bandwidth_check(value: int | None) -> int | None:
+    return value if value is None else _ranged(64 << 10, MAX_CACHE_SIZE, _show_size)(value)
+
+
+def _abs_file_value(value: object) -> str | None:
+    if value is None:
+        return None
+    text = _path_value(value)
+    if not os.path.isabs(text):
+        raise ValueError("expected an absolute path")
+    return text
+
+
 def _field(default: Any, kind: str, allowed: str, help: str, **kw: Any) -> Any:
     if "default_factory" not in kw:
         kw["default"] = default
@@ -469,6 +515,37 @@ class MountConfig(BaseModel):
         0o644, "mode", "octal, up to 07777", "mode shown for files")
     dir_mode: Annotated[int, BeforeValidator(_mode_value)] = _field(
         0o755, "mode", "octal, up to 07777", "mode shown for directories")
+    # the peer tier (docs/peers.md): other nodes' caches before the object store
+    peers: Annotated[str | None, BeforeValidator(
+        lambda v: None if v is None else _peers_value(v))] = _field(
+        None, "text", "`file:PATH`, `dns:NAME:PORT`, `slurm`",
+        "where the list of peer nodes comes from (off: no peer tier)")
+    peer_listen: Annotated[tuple[str, int] | None, BeforeValidator(
+        lambda v: None if v is None else _addr_value(v))] = _field(
+        None, "addr", "`\"HOST:PORT\"`", "the peer server binds here")
+    # how the others reach this node; the listen address unless it is 0.0.0.0
+    peer_advertise: Annotated[tuple[str, int] | None, BeforeValidator(
+        lambda v: None if v is None else _addr_value(v))] = _field(
+        None, "addr", "`\"HOST:PORT\"`, not 0.0.0.0",
+        "this node's address in the peer list")
+    peer_secret_file: Annotated[str | None, BeforeValidator(_abs_file_value)] = _field(
+        None, "path", "a file of 16 - 4096 bytes, mode 0600 or stricter, owned by the "
+        "daemon's user",
+        "the secret every peer shares (HMAC of each request)")
+    peer_bandwidth: Annotated[int | None, BeforeValidator(_bandwidth_value),
+                              AfterValidator(_bandwidth_check)] = _field(
+        None, "size", "64K - 1P (per second), `unlimited`",
+        "bytes per second this node sends to peers")
+    peer_timeout: _duration_type(lo_open=True, hi=600.0) = _field(
+        2.0, "duration", ">0 - 10m", "a peer slower than this: fetch from the store")
+    peer_max_concurrent: _int_type(1, 1024) = _field(
+        32, "int", "1 - 1024", "peer requests this node serves at once (more: 503)")
+    peer_tls_cert: Annotated[str | None, BeforeValidator(_abs_file_value)] = _field(
+        None, "path", "absolute path; all three TLS files or none", "TLS certificate (PEM)")
+    peer_tls_key: Annotated[str | None, BeforeValidator(_abs_file_value)] = _field(
+        None, "path", "absolute path, mode 0600 or stricter", "TLS private key (PEM)")
+    peer_tls_ca: Annotated[str | None, BeforeValidator(_abs_file_value)] = _field(
+        None, "path", "absolute path", "CA certificates that sign the peers' certificates")
 
     def __init__(self, **data: Any) -> None:
         try:
@@ -486,7 +563,41 @@ class MountConfig(BaseModel):
             raise ValueError("invalid evict-low/evict-high: need 0 < low < high <= 1")
         if self.meta_head_max_size is None:  # frozen: set once, here
             object.__setattr__(self, "meta_head_max_size", HEAD_ALL if self.allow_other else 0)
+        self._check_peers()
         return self
+
+    def _check_peers(self) -> None:
+        set_here = sorted(n for n in self.model_fields_set
+                          if n.startswith("peer_") and getattr(self, n) is not None)
+        if self.peers is None:
+            if set_here:
+                raise ValueError(f"invalid {option_name(set_here[0])}: only with --peers")
+            return
+        for need in ("peer_listen", "peer_secret_file"):
+            if getattr(self, need) is None:
+                raise ValueError(f"{option_name(need)} is required with --peers")
+        if self.peer_advertise is None:  # frozen: set once, here
+            object.__setattr__(self, "peer_advertise", self.peer_listen)
+        assert self.peer_advertise is not None
+        host = self.peer_advertise[0]
+        if _unspecified(host):
+            why = "the other nodes need an address that reaches this one (e.g. its IP)"
+            if "peer_advertise" in self.model_fields_set:
+                raise ValueError(f"invalid peer-advertise {host!r}: {why}")
+            raise ValueError(f"peer-advertise is required when peer-listen is {host!r} "
+                             f"(every address): {why}")
+        tls = (self.peer_tls_cert, self.peer_tls_key, self.peer_tls_ca)
+        if any(tls) and not all(tls):
+            raise ValueError("invalid peer-tls-cert/peer-tls-key/peer-tls-ca: give all three "
+                             "or none")
+        assert self.peer_secret_file is not None
+        _read_secret(self.peer_secret_file)  # the bytes are read again when needed
+        if self.peer_tls_key:
+            _check_private_file(self.peer_tls_key, "peer-tls-key", 1, 1 << 20)
+        for path, name in ((self.peer_tls_cert, "peer-tls-cert"),
+                           (self.peer_tls_ca, "peer-tls-ca")):
+            if path:
+                _check_regular_file(path, name)
 
     @property
     def effective_cache_dir(self) -> str:
@@ -494,6 +605,81 @@ class MountConfig(BaseModel):
             return os.path.abspath(self.cache_dir)
         ident = f"{self.source}|{self.endpoint_url or ''}".encode()
         return f"/var/cache/tierfs/{hashlib.sha256(ident).hexdigest()[:16]}"
+
+
+PEER_SECRET_MIN, PEER_SECRET_MAX = 16, 4096  # bytes of the shared secret
+
+
+def _unspecified(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_unspecified
+    except ValueError:  # a hostname
+        return False
+
+
+def _check_regular_file(path: str, name: str) -> os.stat_result:
+    try:
+        st = os.stat(path)  # follows symlinks: a Kubernetes Secret volume is made of them
+    except OSError as exc:
+        raise ValueError(f"invalid {name} {_show(path)}: {exc.strerror}") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise ValueError(f"invalid {name} {_show(path)}: not a regular file")
+    return st
+
+
+def _check_private_file(path: str | None, name: str, lo: int, hi: int,
+                        st: os.stat_result | None = None) -> None:
+    """A file only its owner (the daemon's user) can read: what holds a secret."""
+    assert path is not None
+    st = st or _check_regular_file(path, name)
+    if st.st_uid != os.geteuid():
+        raise ValueError(f"invalid {name} {_show(path)}: owned by uid {st.st_uid}, not by "
+                         f"the daemon's user (uid {os.geteuid()})")
+    if st.st_mode & 0o077:
+        raise ValueError(f"invalid {name} {_show(path)}: mode {stat.S_IMODE(st.st_mode):04o} "
+                         f"lets others read it; chmod 600")
+    if not lo <= st.st_size <= hi:
+        raise ValueError(f"invalid {name} {_show(path)}: {st.st_size} bytes, expected "
+                         f"{lo} - {hi}")
+
+
+def _read_secret(path: str) -> bytes:
+    """The secret's bytes, checked on the open file (so a file swapped after a check is
+    too); ValueError naming the file, never its content."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError as exc:
+        raise ValueError(f"invalid peer-secret-file {_show(path)}: {exc.strerror}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ValueError(f"invalid peer-secret-file {_show(path)}: not a regular file")
+        _check_private_file(path, "peer-secret-file", PEER_SECRET_MIN, PEER_SECRET_MAX, st)
+        data = os.read(fd, PEER_SECRET_MAX + 1)
+    except OSError as exc:
+        raise ValueError(f"invalid peer-secret-file {_show(path)}: {exc.strerror}") from None
+    finally:
+        os.close(fd)
+    secret = data.rstrip(b"\r\n")
+    if not PEER_SECRET_MIN <= len(secret) <= PEER_SECRET_MAX:
+        raise ValueError(f"invalid peer-secret-file {_show(path)}: {len(secret)} bytes "
+                         f"(without a trailing newline), expected {PEER_SECRET_MIN} - "
+                         f"{PEER_SECRET_MAX}")
+    return secret
+
+
+def read_peer_secret(cfg: "MountConfig") -> bytes:
+    """The shared secret of the peer tier: the bytes of --peer-secret-file (a regular file
+    of the daemon's user, mode 0600 or stricter, 16 - 4096 bytes), a trailing newline
+    dropped (`echo` writes one; every node reads its file the same way). Kept out of the
+    config (which is logged and compared): read when the peer tier starts. UsageError
+    naming the file, never its content."""
+    if cfg.peer_secret_file is None:
+        raise UsageError("peer-secret-file is required with --peers")
+    try:
+        return _read_secret(cfg.peer_secret_file)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
 
 
 # every option but the two positional arguments; the ones that take no value (`-o
@@ -760,7 +946,11 @@ def _default_text(name: str) -> str:
     if d is None or d == "":
         return {"endpoint_url": "AWS", "region": "botocore's", "log_file": "the journal (stderr)",
                 "metrics_addr": "off", "cache_dir": "`/var/cache/tierfs/<id of source>`",
-                "meta_head_max_size": "`\"all\"` with `allow_other`, else `\"0\"`"}[name]
+                "meta_head_max_size": "`\"all\"` with `allow_other`, else `\"0\"`",
+                "peers": "off", "peer_listen": "required with `peers`",
+                "peer_advertise": "`peer_listen`", "peer_secret_file": "required with `peers`",
+                "peer_bandwidth": "unlimited", "peer_tls_cert": "off (plain HTTP)",
+                "peer_tls_key": "off", "peer_tls_ca": "off"}[name]
     if kind == "bool":
         return f"`{str(d).lower()}`"
     if kind == "size":
