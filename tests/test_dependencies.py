@@ -17,6 +17,7 @@ PKG = pathlib.Path(__file__).resolve().parent.parent / "tierfs"
 ALLOWED = {
     "boto3": {"backend/s3.py"},
     "botocore": {"backend/s3.py"},
+    "h11": {"peers/http.py"},
     # fsck reads the index of a cache dir no daemon holds, without MetaStore's start-up
     # probe, migration and salvage (which would change what it is asked to check)
     "lmdb": {"meta.py", "fsck.py"},
