@@ -473,7 +473,7 @@ async def test_bandwidth_is_one_bucket_over_all_clients():
     t0 = __import__("time").time()
     rate = 32 << 20
     async with serving(store, metrics=sm, bandwidth=rate, clock=lambda: t0) as (server, peer):
-        bucket = server.bucket
+        bucket = server.bandwidth_bucket
         assert bucket is not None and bucket.burst == 4 << 20
         clients = [client() for _ in range(3)]
 
@@ -534,3 +534,7 @@ async def test_tls_round_trip_and_an_unknown_ca_refused(tls_files):
         with pytest.raises(PeerError):
             await plain.fetch(peer, request(0), timeout_s=BIG)
     assert store.served == 3 and count(sm, "server", "ok") == 3
+    async with serving(Store()) as (_, peer):  # a TLS client and a server in clear
+        c = client(ssl_context=ssl.create_default_context(cafile=str(cert)))
+        with pytest.raises(PeerUnavailable, match="TLS"):
+            await c.fetch(peer, request(0), timeout_s=BIG)

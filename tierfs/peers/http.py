@@ -20,7 +20,7 @@ import trio
 from .wire import PeerProtocolError, PeerUnavailable
 
 MAX_HEAD = 8 << 10  # a request head (one GET: target, host, authorization)
-MAX_REPLY_HEAD = 64 << 10  # a reply head holds up to 16,384 CRCs of 9 characters
+MAX_REPLY_HEAD = 192 << 10  # up to 16,384 CRCs of 9 characters (64 MiB in 4 KiB blocks)
 MAX_ERROR_BODY = 1024  # an error reply's text; longer ones are not read, the connection goes
 _RECEIVE = 64 << 10
 _SEND_PIECE = 256 << 10  # the unit of pacing (bandwidth limit) and of the send timeout

@@ -87,7 +87,7 @@ class PeerServer:
         self.header_timeout_s = header_timeout_s
         self.clock = clock
         # the burst: an eighth of a second's worth, at least one send piece
-        self.bucket = (TokenBucket(bandwidth, max(256 << 10, bandwidth // 8), clock)
+        self.bandwidth_bucket = (TokenBucket(bandwidth, max(256 << 10, bandwidth // 8), clock)
                        if bandwidth else None)
         self.active = 0  # requests being served (serve callback and body)
         self.connections = 0
@@ -217,7 +217,7 @@ class PeerServer:
                    ("x-tierfs-block-size", str(reply.block_size)),
                    ("x-tierfs-crc32c", wire.format_crcs(reply.crcs)),
                    ("x-tierfs-sig", sig)]
-        pace = self.bucket.spend if self.bucket is not None else None
+        pace = self.bandwidth_bucket.spend if self.bandwidth_bucket is not None else None
         try:
             again = await http.respond(wire.OK, headers, reply.data, pace=pace,
                                        piece_timeout_s=self.header_timeout_s)
