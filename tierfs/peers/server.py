@@ -88,7 +88,7 @@ class PeerServer:
         self.clock = clock
         # the burst: an eighth of a second's worth, at least one send piece
         self.bandwidth_bucket = (TokenBucket(bandwidth, max(256 << 10, bandwidth // 8), clock)
-                       if bandwidth else None)
+                                 if bandwidth else None)
         self.active = 0  # requests being served (serve callback and body)
         self.connections = 0
         self._warned: dict[str, float] = {}
