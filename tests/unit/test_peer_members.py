@@ -211,7 +211,8 @@ async def test_dns_that_does_not_resolve_keeps_the_list_and_warns(caplog):
     assert m.all() == []
     assert await m.reload() is False
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
-    assert len(warnings) == 1 and "no-such-host.invalid does not resolve" in warnings[0].getMessage()
+    assert len(warnings) == 1
+    assert "no-such-host.invalid does not resolve" in warnings[0].getMessage()
 
 
 # ---- Slurm ---------------------------------------------------------------------------------
