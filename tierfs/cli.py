@@ -55,6 +55,18 @@ _MOUNT_OPTIONS = [
     ("--meta-head-max-size", "meta_head_max_size",
      "objects this small get one HEAD for type/owner/mode/times: 0 (default) the empty "
      "ones, 4K also symlinks, all (default with --allow-other) everything, off none"),
+    ("--peers", "peers", "peer tier: file:PATH, dns:NAME:PORT or slurm (docs/peers.md)"),
+    ("--peer-listen", "peer_listen", "the peer server binds HOST:PORT (required with --peers)"),
+    ("--peer-advertise", "peer_advertise",
+     "HOST:PORT the other nodes reach this one at (default --peer-listen)"),
+    ("--peer-secret-file", "peer_secret_file",
+     "the secret all peers share, mode 0600 (required with --peers)"),
+    ("--peer-bandwidth", "peer_bandwidth", "bytes/s sent to peers, e.g. 500M (default unlimited)"),
+    ("--peer-timeout", "peer_timeout", "a peer slower than this: read from the store (2s)"),
+    ("--peer-max-concurrent", "peer_max_concurrent", "peer requests served at once (32)"),
+    ("--peer-tls-cert", "peer_tls_cert", "TLS certificate (with --peer-tls-key and --peer-tls-ca)"),
+    ("--peer-tls-key", "peer_tls_key", "TLS private key, mode 0600"),
+    ("--peer-tls-ca", "peer_tls_ca", "CA that signs the peers' certificates"),
     ("--log-level", "log_level", "debug, info, warning or error (default info)"),
     ("--log-file", "log_file", "log here (default: stderr; in the background CACHE_DIR/tierfs.log)"),
 ]

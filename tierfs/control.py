@@ -33,6 +33,7 @@ from . import protocol
 from .cache import ChunkCache
 from .errors import StartupError, TierfsError, UsageError
 from .metrics import Metrics
+from .peers import PeerTier
 from .protocol import (IDLE_TIMEOUT_S, MAX_REQUEST, PROTOCOL, EvictRequest, Request,
                        StatusRequest, UnpinRequest, WarmRequest)
 from .warm import Warmer
@@ -44,7 +45,8 @@ _PEERCRED = struct.Struct("3i")  # pid, uid, gid
 
 class ControlServer:
     def __init__(self, path: str, warmer: Warmer, cache: ChunkCache, metrics: Metrics, *,
-                 info: dict, uploads_pending: Callable[[], int], warm_concurrency: int) -> None:
+                 info: dict, uploads_pending: Callable[[], int], warm_concurrency: int,
+                 peers: PeerTier | None = None) -> None:
         self.path = path
         self.warmer = warmer
         self.cache = cache
@@ -52,6 +54,7 @@ class ControlServer:
         self.info = info  # source, mountpoint, cache_dir: fixed for the daemon's life
         self._uploads_pending = uploads_pending
         self.warm_concurrency = warm_concurrency
+        self.peers = peers
         self._started = time.time()
 
     async def serve(self, task_status: trio.TaskStatus = trio.TASK_STATUS_IGNORED) -> None:
@@ -137,7 +140,7 @@ class ControlServer:
     async def status(self, req: StatusRequest, send: Any) -> dict:
         c, m = self.cache, self.metrics
         read = {src: m.value("tierfs_read_bytes_total", source=src)
-                for src in ("memory", "disk", "backend")}
+                for src in ("memory", "disk", "peer", "backend")}
         hits = {t: m.value("tierfs_cache_hits_total", tier=t) for t in ("memory", "disk")}
         misses = m.value("tierfs_cache_misses_total")
         total_read, lookups = sum(read.values()), sum(hits.values()) + misses
@@ -152,14 +155,15 @@ class ControlServer:
                 "disk": {"used": c.used_bytes, "budget": c.budget(), "chunks": c.chunk_count},
                 "memory": {"used": c.memory.bytes, "capacity": c.memory.capacity},
                 "read_bytes": read,
-                "hit_ratio": {"bytes": _ratio(total_read - read["backend"], total_read),
+                "hit_ratio": {"bytes": _ratio(read["memory"] + read["disk"], total_read),
                               "lookups": _ratio(lookups - misses, lookups)},
                 "pinned": {"files": len(pinned), "bytes": c.bytes_of(pinned), "owners": owners},
                 "dirty_bytes": c.dirty_bytes, "uploads_pending": self._uploads_pending(),
                 # degraded mode (tierfs/health.py): False while the object store does not answer
                 "backend_up": m.value("tierfs_backend_up") == 1,
                 "backend_requests": {op: m.value("tierfs_backend_requests_total", op=op)
-                                     for op in ("get", "list", "head", "put")}}
+                                     for op in ("get", "list", "head", "put")},
+                "peers": None if self.peers is None else self.peers.status()}
 
     async def warm(self, req: WarmRequest, send: Any) -> dict:
         paths, check, ttl = req.paths, req.check, req.pin_ttl  # typed and ranged (protocol.py)

@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import ssl
 import time
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Awaitable, Callable
@@ -37,13 +38,17 @@ from .cache import ChunkCache
 from .cache.disk import DiskTier
 from .cache.evictor import Evictor
 from .cache.memory import MemoryTier
-from .config import MountConfig
+from .config import MountConfig, read_peer_secret
+from .errors import StartupError
 from .fetch import Fetcher
 from .fileio import FileIO
 from .health import BackendHealth
 from .meta import MetaStore
 from .metrics import Metrics
 from .namespace import Namespace
+from .peers import Membership, Peer, PeerClient, PeerServer, PeerTier
+from .peers.wire import MAX_CHUNK
+from .peerserve import PeerServe
 from .prefetch import Prefetcher
 from .tasks import Tasks, sole_exception
 from .warm import Warmer
@@ -88,6 +93,7 @@ class Core:
     namespace: Namespace
     fileio: FileIO
     warmer: Warmer
+    peers: PeerTier | None  # --peers: other nodes' caches before the store
     chunks_kept: int  # by the cache recovery at start
     chunks_dropped: int
     files_recovered: int  # journaled files with unsaved writes, queued for upload
@@ -144,6 +150,8 @@ async def build_core(cfg: MountConfig, backend: Backend | AsyncBackend, *,
                     core = _wire(cfg, metrics, abackend, meta, disk, evictor, memory, cache,
                                  tasks, clock, kept, dropped)
                     _start_services(core)
+                    if core.peers is not None:
+                        await _start_peer_server(core, services, block_size)
                     yield core
                     services.cancel_scope.cancel()
         except BaseExceptionGroup as group:
@@ -183,8 +191,54 @@ def _wire(cfg: MountConfig, metrics: Metrics, backend: AsyncBackend, meta: MetaS
                     writeback=wb, rename_max_objects=cfg.rename_max_objects)
     warmer = Warmer(ns, cache, fetcher, metrics, bucket=cfg.source.bucket,
                     has_local_writes=wb.is_dirty)
+    peers = _peer_tier(cfg, metrics) if cfg.peers is not None else None
+    fetcher.peers = peers
     return Core(cfg, metrics, backend, meta, disk, evictor, memory, cache, tasks, fetcher,
-                prefetcher, wb, ns, fileio, warmer, kept, dropped, recovered)
+                prefetcher, wb, ns, fileio, warmer, peers, kept, dropped, recovered)
+
+
+def _peer_tier(cfg: MountConfig, metrics: Metrics) -> PeerTier:
+    """The asking side of the peer tier (docs/peers.md): membership, client, fallback."""
+    if cfg.chunk_size > MAX_CHUNK:
+        raise StartupError(f"--peers needs a chunk size of at most {MAX_CHUNK >> 20} MiB "
+                           f"(this mount's is {cfg.chunk_size >> 20} MiB)")
+    assert cfg.peers is not None and cfg.peer_advertise is not None  # checked by the config
+    me = Peer(*cfg.peer_advertise)
+    members = Membership(cfg.peers, me)
+    members.load()
+    client = PeerClient(read_peer_secret(cfg), me.name, metrics,
+                        ssl_context=_peer_tls(cfg, ssl.Purpose.SERVER_AUTH))
+    metrics.peers_up.set(len(members.live()))
+    return PeerTier(members, client, metrics, timeout_s=cfg.peer_timeout)
+
+
+def _peer_tls(cfg: MountConfig, purpose: ssl.Purpose) -> ssl.SSLContext | None:
+    """Mutual TLS on the peer port when --peer-tls-* are given: every node shows its
+    certificate (naming its advertised host) and checks the other's against the CA."""
+    if cfg.peer_tls_cert is None:
+        return None
+    try:
+        ctx = ssl.create_default_context(purpose, cafile=cfg.peer_tls_ca)
+        ctx.load_cert_chain(cfg.peer_tls_cert, cfg.peer_tls_key)
+    except (OSError, ssl.SSLError) as exc:
+        raise StartupError(f"peer TLS: {exc}") from None
+    ctx.verify_mode = ssl.CERT_REQUIRED  # a server context asks for the client's too
+    return ctx
+
+
+async def _start_peer_server(core: Core, services: trio.Nursery, block_size: int) -> None:
+    """Serve this node's chunks to its peers, and keep the membership current. The server
+    is bound before the mount is ready (a port in use is a start-up error, one line)."""
+    cfg, peers = core.cfg, core.peers
+    assert peers is not None and cfg.peer_listen is not None
+    serve = PeerServe(core.namespace, core.fetcher, bucket=cfg.source.bucket,
+                      block_size=block_size)
+    server = PeerServer(cfg.peer_listen, read_peer_secret(cfg), serve, core.metrics,
+                        ssl_context=_peer_tls(cfg, ssl.Purpose.CLIENT_AUTH),
+                        max_concurrent=cfg.peer_max_concurrent, bandwidth=cfg.peer_bandwidth)
+    bound = await services.start(server.run)
+    log.info("serving chunks to peers on %s:%d (%s)", *bound, cfg.peers)
+    core.tasks.supervise("peer-members", peers.members.run)
 
 
 def _start_services(core: Core) -> None:

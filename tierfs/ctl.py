@@ -280,6 +280,19 @@ def _status(args: argparse.Namespace) -> int:
     if "backend_up" in st:  # a daemon from before degraded mode does not say
         rows.append(("object store", "answering" if st["backend_up"] else
                      "NOT ANSWERING: degraded, serving what is cached (uncached reads EIO)"))
+    peers = st.get("peers")
+    if peers:  # None without --peers (and absent from a daemon from before the peer tier)
+        rows.append(("peers", f"{peers['source']}: {len(peers['up'])} up, "
+                              f"{len(peers['down'])} down (this node {peers['me']})"))
+        if peers["down"]:
+            rows.append(("", "down: " + ", ".join(peers["down"])))
+        for role, what in (("client", "asked"), ("server", "answered")):
+            counts = peers["requests"][role]
+            if counts:
+                rows.append(("", f"{what}: " + ", ".join(f"{n:.0f} {r}" for r, n in
+                                                         sorted(counts.items()))))
+        rows.append(("", f"chunk bytes: {format_size(peers['bytes']['in'])} in, "
+                         f"{format_size(peers['bytes']['out'])} out"))
     for k, v in rows:
         print(f"{k:<12} {v}")
     return 0

@@ -11,7 +11,11 @@ window), and those immediate re-asks get the same errno at once instead of each 
 out the backend's timeouts and retries again. A success clears it; a read after the memo
 has expired tries the store again. Fast failures (StoreDown: the store is known down) and
 changed objects (PreconditionFailed, which the reader handles) are not remembered.
-The peer tier (chunks from other nodes) will slot in here, before the backend.
+
+With --peers, a flight asks the chunk's owner among the peers first (tierfs/peers:
+verified bytes or None) and the backend only when the owner is this node or cannot give
+it. A chunk fetched for a peer (`for_peer`) always comes from the backend, so nodes whose
+peer lists disagree for a moment never send a request around in a circle.
 """
 
 from __future__ import annotations
@@ -21,11 +25,12 @@ import trio
 from .backend.runner import AsyncBackend
 from .cache import ChunkCache, ObjectVersion
 from .errors import BackendError, CacheUnwritable, PreconditionFailed, RecentFailure
+from .peers import PeerTier
+from .tasks import Tasks
 
 # long enough to cover the kernel's immediate re-asks of a failed read, short enough that
 # an application that retries by itself a little later meets the store again
 FAILED_MEMO_S = 3.0
-from .tasks import Tasks
 
 
 class _Flight:
@@ -33,6 +38,7 @@ class _Flight:
         self.done = trio.Event()  # the GET ended (data is set if it succeeded)
         self.stored = trio.Event()  # ...and the disk tier has the chunk (or will not)
         self.data: bytes | None = None
+        self.source = "backend"  # or "peer": where the bytes came from
         self.joined = 0  # readers' first accesses that joined this flight: heat for the fill
         # a reader waits on this (read-ahead) flight: if it fails, the failure is the
         # reader's too and is remembered, so the reader does not wait out a second GET
@@ -58,6 +64,7 @@ class Fetcher:
         self._unstored = 0
         self._stored_one = trio.Event()
         self._disk_writes = trio.Semaphore(disk_writers)  # chunk files written at once
+        self.peers: PeerTier | None = None  # set by the core with --peers
 
     def chunk_length(self, obj: ObjectVersion, index: int) -> int:
         return max(0, min(self.chunk_size, obj.size - index * self.chunk_size))
@@ -66,13 +73,18 @@ class Fetcher:
         return ckey in self._flights
 
     async def _get(self, obj: ObjectVersion, index: int, ckey: bytes, *,
-                   background: bool) -> tuple[_Flight, bytes]:
-        """Start a flight and GET the chunk; on failure the flight is gone and settled."""
+                   background: bool, ask_peers: bool) -> tuple[_Flight, bytes]:
+        """Start a flight and get the chunk (from its owner among the peers, else the
+        backend); on failure the flight is gone and settled."""
         flight = self._flights[ckey] = _Flight()
         try:
-            data = await self.backend.get(obj.key, index * self.chunk_size,
-                                          self.chunk_length(obj, index), obj.etag,
-                                          background=background, size=obj.size)
+            data = await self._from_peer(obj, index, ckey) if ask_peers else None
+            if data is not None:
+                flight.source = "peer"
+            else:
+                data = await self.backend.get(obj.key, index * self.chunk_size,
+                                              self.chunk_length(obj, index), obj.etag,
+                                              background=background, size=obj.size)
             if len(data) != self.chunk_length(obj, index):
                 # a shorter or longer body than the listed size: the object changed
                 raise PreconditionFailed(f"get {obj.key!r}: size differs from the listing")
@@ -88,6 +100,13 @@ class Fetcher:
             flight.done.set()
         self._failed.pop(ckey, None)
         return flight, data
+
+    async def _from_peer(self, obj: ObjectVersion, index: int, ckey: bytes) -> bytes | None:
+        if self.peers is None:
+            return None
+        reply = await self.peers.fetch(ckey, bucket=obj.bucket, key=obj.key, etag=obj.etag,
+                                       size=obj.size, index=index, chunk_size=self.chunk_size)
+        return None if reply is None else reply.data
 
     def _remember_failure(self, ckey: bytes, exc: BackendError) -> None:
         now = trio.current_time()
@@ -112,9 +131,26 @@ class Fetcher:
 
     async def chunk(self, obj: ObjectVersion, index: int, *, background: bool = False,
                     access: bool = False) -> bytes:
-        """A chunk's bytes, fetched once however many callers want them. `access`: this is a
-        reader's first access of the chunk (its heat); the caller that fetches gets that
-        from the fill, a caller that joins another's flight adds one when the fill lands."""
+        """A chunk's bytes, fetched once however many callers want them."""
+        return (await self.fetch(obj, index, background=background, access=access))[0]
+
+    async def for_peer(self, obj: ObjectVersion, index: int) -> bytes | memoryview:
+        """A whole chunk a peer asked this node (its owner) for: from the cache, else from
+        the backend, once however many ask, and kept. A peer's read is heat, as a reader's."""
+        ckey = obj.chunk_key(index)
+        hit = await self.cache.read(ckey, 0, self.cache.blocks_of(self.chunk_length(obj, index))
+                                    - 1, touch=True)
+        if hit is not None:
+            return hit[0]
+        return (await self.fetch(obj, index, access=True, ask_peers=False))[0]
+
+    async def fetch(self, obj: ObjectVersion, index: int, *, background: bool = False,
+                    access: bool = False, ask_peers: bool = True) -> tuple[bytes, str]:
+        """(A chunk's bytes, where they came from: "backend", "peer", or a cache tier if it
+        was stored meanwhile), fetched once however many callers want them. `access`: this
+        is a reader's first access of the chunk (its heat); the caller that fetches gets
+        that from the fill, a caller that joins another's flight adds one when the fill
+        lands."""
         ckey = obj.chunk_key(index)
         while True:
             flight = self._flights.get(ckey)
@@ -129,7 +165,7 @@ class Fetcher:
                     last = self.cache.blocks_of(self.chunk_length(obj, index)) - 1
                     hit = await self.cache.read(ckey, 0, last, touch=access)
                     if hit is not None:
-                        return hit[0]
+                        return hit[0], hit[1]
                 continue
             if access:
                 flight.joined += 1
@@ -138,20 +174,21 @@ class Fetcher:
                 flight.reader_waiting = True
             await flight.done.wait()
             if flight.data is not None:
-                return flight.data
+                return flight.data, flight.source
             if self.cache.has(ckey):  # stored by a warm, which keeps no bytes in memory
                 last = self.cache.blocks_of(self.chunk_length(obj, index)) - 1
                 hit = await self.cache.read(ckey, 0, last, touch=False)
                 if hit is not None:
-                    return hit[0]
-        flight, data = await self._get(obj, index, ckey, background=background)
+                    return hit[0], hit[1]
+        flight, data = await self._get(obj, index, ckey, background=background,
+                                       ask_peers=ask_peers)
         self.cache.remember(ckey, data)
         # the flight (holding the bytes) stays until the disk tier has the chunk: with a
         # small or no memory tier, a reader arriving meanwhile must not fetch it again.
         # The caller returns now; the disk write is the fill task's.
         self._unstored += 1
         self._tasks.spawn("fill", self._store, obj, ckey, data, flight)
-        return data
+        return data, flight.source
 
     async def _store(self, obj: ObjectVersion, ckey: bytes, data: bytes, flight: _Flight) -> None:
         try:

@@ -107,6 +107,18 @@ class Namespace:
             node.key = self.root_prefix
         return node
 
+    def known(self, key: str) -> Inode | None:
+        """What the index says about an object key, without asking the store (None: not
+        in the index, or outside this mount's prefix)."""
+        if not key.startswith(self.root_prefix):
+            return None
+        node: Inode | None = self.inode(ROOT_INO)
+        for part in key[len(self.root_prefix):].split("/"):
+            if node is None or not part:
+                return None
+            node = self.meta.child(node.ino, part.encode())
+        return node
+
     def nlink(self, node: Inode) -> int:
         """A directory: 2 + its subdirectories once listed, 1 ("unknown", as btrfs) before,
         so tools that count on nlink do not skip what the index has not seen yet. Anything

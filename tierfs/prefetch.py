@@ -44,7 +44,8 @@ class ReadPattern:
     ahead_to: int = 0  # first chunk index not yet requested
     # chunks read ahead from the backend for this handle: their fill already counted as
     # this handle's access, or an unread read-ahead chunk would be colder than a read one
-    fetched: set[int] = field(default_factory=set)
+    # read ahead from the backend or a peer: chunk index -> "backend" | "peer"
+    fetched: dict[int, str] = field(default_factory=dict)
     loaded: set[int] = field(default_factory=set)  # read ahead from the disk tier
 
 
@@ -117,8 +118,8 @@ class Prefetcher:
                     if hit[1] == "disk":
                         pat.loaded.add(index)
                     return
-            pat.fetched.add(index)
-            await self.fetcher.chunk(obj, index, background=True)
+            pat.fetched[index] = "backend"
+            _, pat.fetched[index] = await self.fetcher.fetch(obj, index, background=True)
         except Exception as exc:
             err = expected_error(exc)
             if err is None:
