@@ -181,14 +181,13 @@ class FileIO:
                 data, source = hit
                 # bytes read ahead for this handle count where they really came from
                 if index in h.pattern.fetched:
-                    source = "backend"
+                    source = h.pattern.fetched[index]
                 elif index in h.pattern.loaded:
                     source = "disk"
                 skip = first * bs
                 pieces.append(memoryview(data)[lo - skip:hi - skip])
             else:
-                data = await self.fetcher.chunk(obj, index, access=first_access)
-                source = "backend"
+                data, source = await self.fetcher.fetch(obj, index, access=first_access)
                 pieces.append(memoryview(data)[lo:hi])
             h.touched.add(index)
             self.metrics.read_bytes.labels(source).inc(hi - lo)
