@@ -114,7 +114,8 @@ async def _serve_locked(cfg: MountConfig, cache_dir: str, on_ready: Callable[[],
             control_socket(cfg.mountpoint), core.warmer, core.cache, metrics,
             info={"mountpoint": cfg.mountpoint, "source": str(cfg.source),
                   "cache_dir": cache_dir},
-            uploads_pending=wb.pending, warm_concurrency=cfg.warm_concurrency)
+            uploads_pending=wb.pending, warm_concurrency=cfg.warm_concurrency,
+            peers=core.peers)
         ops = FuseOps(cfg, core.namespace, core.fileio, core.cache, metrics)
         options = set(pyfuse3.default_options)
         options |= {"fsname=tierfs", "subtype=tierfs", "default_permissions"}
