@@ -141,14 +141,14 @@ async def test_read_ahead_bug_is_reported_by_the_supervisor(tmp_path, caplog, mo
     src, fb, rig = fault_core(tmp_path, readahead=4)
     data = write(src, "big", pattern(8 * CS))
     async with rig as c:
-        real = c.core.fetcher.chunk
+        real = c.core.fetcher.fetch
 
         async def buggy(obj, index, *, background=False, **kw):
             if background:
                 raise ExceptionGroup("nested", [InjectedBug("read-ahead bug")])
             return await real(obj, index, background=background, **kw)
 
-        monkeypatch.setattr(c.core.fetcher, "chunk", buggy)
+        monkeypatch.setattr(c.core.fetcher, "fetch", buggy)
         h = await read_first_chunk(c, "big", data)
         await eventually(lambda: c.internal_errors("read-ahead") >= 1)
         await eventually(lambda: tracebacks(caplog, InjectedBug))
