@@ -143,6 +143,7 @@ async def build_core(cfg: MountConfig, backend: Backend | AsyncBackend, *,
         kept, dropped = await trio.to_thread.run_sync(cache.recover)
         log.info("cache dir %s: %d chunks (%d bytes) kept, %d dropped", cache_dir, kept,
                  cache.used_bytes, dropped)
+        core: Core | None = None
         try:
             async with trio.open_nursery() as work:
                 async with trio.open_nursery() as services:
@@ -164,6 +165,8 @@ async def build_core(cfg: MountConfig, backend: Backend | AsyncBackend, *,
         finally:
             with trio.CancelScope(shield=True):
                 await cache.flush_index()
+                if core is not None and core.peers is not None:
+                    await core.peers.client.aclose()  # the idle keep-alive connections
             cache.close()  # the chunk files the disk tier keeps open
     finally:
         meta.close()
