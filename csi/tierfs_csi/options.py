@@ -56,7 +56,11 @@ class StageSpec:
 
 
 def stage_spec(context: dict[str, str], mount_flags: list[str], read_only: bool,
-               staging_path: str) -> StageSpec:
+               staging_path: str, *, node_ip: str | None = None) -> StageSpec:
+    """`node_ip`: this node's address (the DaemonSet's POD_IP; the node's IP with
+    hostNetwork). A volume with `peers` that listens on every address (`peer-listen:
+    0.0.0.0:PORT`) and says no `peer-advertise` is advertised at NODE_IP:PORT: one volume
+    spec serves every node, each node advertising its own address."""
     attrs = {k.replace("-", "_"): v for k, v in context.items()
              if not k.startswith(_K8S_PREFIXES)}
     if len(attrs) > MAX_ATTRIBUTES or len(mount_flags) > MAX_ATTRIBUTES:
@@ -87,6 +91,7 @@ def stage_spec(context: dict[str, str], mount_flags: list[str], read_only: bool,
     if _as_bool(options.pop("read_only", "false")):
         read_only = True
     options.pop("allow_other", None)  # always on (mount_args)
+    _advertise_node(options, node_ip)
     for key, value in options.items():
         if "," in value or "\n" in value:
             raise OptionError(f"volume attribute {key!r}: value must not contain ',' or newlines")
@@ -95,6 +100,15 @@ def stage_spec(context: dict[str, str], mount_flags: list[str], read_only: bool,
     except UsageError as exc:
         raise OptionError(f"volume attributes: {exc}") from None
     return StageSpec(source, options, read_only)
+
+
+def _advertise_node(options: dict[str, str], node_ip: str | None) -> None:
+    listen = options.get("peer_listen", "")
+    host, _, port = listen.rpartition(":")
+    if ("peers" in options and "peer_advertise" not in options and node_ip
+            and host.strip("[]") in ("0.0.0.0", "::") and port):
+        options["peer_advertise"] = f"[{node_ip}]:{port}" if ":" in node_ip \
+            else f"{node_ip}:{port}"
 
 
 def _check_name(key: str, what: str) -> None:

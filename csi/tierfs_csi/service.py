@@ -181,7 +181,8 @@ class Node(pb_grpc.NodeServicer):
         try:
             spec = stage_spec(dict(request.volume_context),
                               list(request.volume_capability.mount.mount_flags), reader_only,
-                              request.staging_target_path)
+                              request.staging_target_path,
+                              node_ip=os.environ.get("POD_IP") or None)
             with self.volumes.lock(request.volume_id):
                 self.volumes.stage(request.volume_id, request.staging_target_path, spec,
                                    dict(request.secrets))

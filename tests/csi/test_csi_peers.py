@@ -78,3 +78,15 @@ def test_the_secret_is_mounted_private_and_pod_ip_is_the_pods():
     assert mount["readOnly"] is True and mount["mountPath"] == "/etc/tierfs-peer"
     env = {e["name"]: e for e in plugin["env"]}
     assert env["POD_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
+
+
+def test_a_volume_listening_everywhere_is_advertised_at_the_nodes_ip(secret_file):
+    attrs = {"bucket": "data", "peers": "dns:tierfs-peers.ns.svc.cluster.local:7481",
+             "peer_listen": "0.0.0.0:7481", "peer_secret_file": secret_file}
+    assert stage_spec(attrs, [], False, "/staging", node_ip="10.1.2.3").options[
+        "peer_advertise"] == "10.1.2.3:7481"
+    assert stage_spec(attrs, [], False, "/staging", node_ip="fd00::7").options[
+        "peer_advertise"] == "[fd00::7]:7481"
+    given = {**attrs, "peer_advertise": "node-a:7481"}  # a volume's own choice stays
+    assert stage_spec(given, [], False, "/staging", node_ip="10.1.2.3").options[
+        "peer_advertise"] == "node-a:7481"
