@@ -12,9 +12,10 @@ What a damaged reply can be caught by:
   - CRCs of the true bytes with a flipped body (`crc_before_flip`): the reader's CRC32C of
     each block differs from the signed header -> "corrupt";
   - CRCs computed over the flipped bytes and signed with the secret (`crc_after_flip`): the
-    reply is self-consistent; only a checksum from the store can tell. tierfs writes a
-    CRC32C per chunk into the metadata of the objects it writes (tierfs/integrity.py,
-    `chunk_crcs_metadata`); the reader checks the peer's chunk against it when it knows it.
+    reply is self-consistent; only a checksum from the store could tell (tierfs's per-chunk
+    CRC32Cs in the metadata of the objects it writes, tierfs/integrity.py). The reader does
+    not check a peer's chunk against them: docs/peers.md ("What is trusted") trusts a node
+    that holds the secret, so that case has no test here (it would serve the wrong bytes).
 """
 
 from __future__ import annotations
@@ -64,11 +65,11 @@ def _assert_served_only_store_bytes(c, node, data: bytes, fake_asked: int) -> No
     assert fake_asked >= 1
 
 
-@pytest.mark.parametrize("kind", ["crc_before_flip"])
-def test_a_peer_serving_damaged_bytes_is_caught_and_never_cached(fleet, s3, bucket, kind):
+def test_a_peer_serving_damaged_bytes_is_caught_and_never_cached(fleet, s3, bucket):
+    # a real PeerServer with the secret, whose body has a bit flipped after its CRCs
     secret = secrets.token_hex(32).encode()
     data, _ = _one(s3, bucket)
-    with FakePeer(secret, {KEY: data}, Misbehave(kind)) as fake:
+    with FakePeer(secret, {KEY: data}, Misbehave("crc_before_flip")) as fake:
         c = fleet(1, secret=secret, extra_args=CHUNK_ARGS, extra_peers=[fake.addr])
         node = c.nodes[0]
         c.access_log.start()
@@ -80,29 +81,6 @@ def test_a_peer_serving_damaged_bytes_is_caught_and_never_cached(fleet, s3, buck
         assert c.access_log.since_start().get_bytes >= SIZE
         # a peer that lied is marked down: no longer counted as up
         assert node.counter("tierfs_peers_up") == 0
-        asked = len(fake.asked)
-    _assert_served_only_store_bytes(c, node, data, asked)
-
-
-def test_a_peer_lying_with_the_secret_is_caught_by_the_stores_chunk_crcs(fleet, s3, bucket):
-    # the object carries the per-chunk CRC32Cs tierfs writes (as if written through a
-    # mount with the reader's chunk size); the peer's reply is signed and self-consistent
-    from tierfs.integrity import chunk_crcs_metadata, crc32c
-
-    data = payload("lying", SIZE)
-    crcs = [crc32c(data[i:i + MiB]) for i in range(0, SIZE, MiB)]
-    meta = chunk_crcs_metadata(MiB, crcs)
-    assert meta, "the CRC list fits in the metadata"
-    s3.put_object(Bucket=bucket, Key=KEY, Body=data, Metadata=meta)
-    secret = secrets.token_hex(32).encode()
-    with FakePeer(secret, {KEY: data}, Misbehave("crc_after_flip")) as fake:
-        c = fleet(1, secret=secret, extra_args=CHUNK_ARGS + ["--meta-head-max-size", "all"],
-                  extra_peers=[fake.addr])
-        node = c.nodes[0]
-        assert read_sha(node.path / KEY)[0] == sha256(data)
-        assert len(fake.asked) >= 1
-        assert node.counter("tierfs_peer_requests_total", role="client", result="corrupt") >= 1
-        assert node.counter("tierfs_read_bytes_total", source="peer") == 0
         asked = len(fake.asked)
     _assert_served_only_store_bytes(c, node, data, asked)
 
@@ -140,6 +118,7 @@ def test_a_reply_signed_for_another_etag_is_corrupt(fleet, s3, bucket):
 
 def test_a_peer_that_hangs_costs_one_deadline_then_the_store(fleet, s3, bucket):
     data, _ = _one(s3, bucket)
+    data2, _ = _one(s3, bucket, "ckpt/other.pt", seed="other")
     with HangingPeer() as hang:
         c = fleet(1, extra_args=CHUNK_ARGS, extra_peers=[hang.addr],
                   peer_args=["--peer-timeout", "0.5s"])
@@ -150,7 +129,6 @@ def test_a_peer_that_hangs_costs_one_deadline_then_the_store(fleet, s3, bucket):
         assert node.counter("tierfs_read_bytes_total", source="peer") == 0
         assert node.counter("tierfs_peers_up") == 0
         # the rest of the file, and a second file, went to the store without asking it
-        data2, _ = _one(s3, bucket, "ckpt/other.pt", seed="other")
         before = node.counter("tierfs_peer_requests_total", role="client")
         assert read_sha(node.path / "ckpt/other.pt")[0] == sha256(data2)
         assert node.counter("tierfs_peer_requests_total", role="client") == before
@@ -171,7 +149,7 @@ def test_no_secret_or_a_wrong_one_gets_401_and_no_bytes(fleet, s3, bucket):
 
     data = payload("auth", 3 * MiB)
     etag = s3.put_object(Bucket=bucket, Key=KEY, Body=data)["ETag"].strip('"')
-    c = fleet(2)
+    c = fleet(1)
     node = c.nodes[0]
     target = ChunkRequest(bucket, KEY, etag, len(data), 0, 8 * MiB).target()
     now = time.time()

@@ -42,6 +42,8 @@ def test_eight_nodes_restore_one_checkpoint_from_the_store_once(fleet, s3, bucke
     sz = sizes()
     ckpt = Checkpoint.upload(s3, bucket, "ckpt", files=sz.files, size=sz.checkpoint)
     c = fleet(NODES)
+    for n in c.nodes:  # every node loaded the peers file: the 7 others are up
+        assert n.counter("tierfs_peers_up") == NODES - 1, n.index
     c.access_log.start()
     results = restore(c.nodes, ckpt)
     assert wrong(results, ckpt) == []
@@ -53,11 +55,10 @@ def test_eight_nodes_restore_one_checkpoint_from_the_store_once(fleet, s3, bucke
     # the rest came from peers, and each node counted it as such
     served_by_peers = c.sum("tierfs_read_bytes_total", source="peer")
     assert served_by_peers > 0
-    assert c.sum("tierfs_peer_bytes_total", direction="in") == \
-        c.sum("tierfs_peer_bytes_total", direction="out") > 0
+    # (a reply the asker gave up on is counted out, not in)
+    assert 0 < c.sum("tierfs_peer_bytes_total", direction="in") <= \
+        c.sum("tierfs_peer_bytes_total", direction="out")
     assert c.peer_results("client").get("corrupt", 0) == 0
-    for n in c.nodes:
-        assert n.counter("tierfs_peers_up") == NODES - 1, n.index
 
 
 def test_restore_completes_byte_exact_with_two_nodes_killed_midway(fleet, s3, bucket):
@@ -151,5 +152,4 @@ def test_a_node_that_read_nothing_yet_gets_only_the_new_version(fleet, s3, bucke
     s3.put_object(Bucket=bucket, Key=key, Body=v2)
     time.sleep(2.0)  # past node 0's TTL too: both may revalidate
     assert read_sha(b.path / key)[0] == sha256(v2)
-    drop_page_cache(a.path / key)
-    assert read_sha(a.path / key)[0] == sha256(v2)
+    assert read_sha(a.path / key)[0] == sha256(v2)  # a new open after the TTL
