@@ -21,6 +21,7 @@ What a damaged reply can be caught by:
 from __future__ import annotations
 
 import http.client
+import os
 import secrets
 import time
 
@@ -177,3 +178,27 @@ def test_no_secret_or_a_wrong_one_gets_401_and_no_bytes(fleet, s3, bucket):
     # the secret appears in no log line and no metric
     assert c.secret.decode() not in node.mount.log_text()
     assert c.secret.decode() not in node.mount.metrics_text()
+
+
+def test_a_peer_never_serves_unsaved_writes(fleet, s3, bucket):
+    # node A caches v1, then overwrites every byte of it in its --writeback mount and keeps
+    # the file open (nothing uploaded); node B reads the key, asking A for the chunks A
+    # owns: B gets exactly the bucket's bytes, never A's unsaved ones
+    v1 = payload("saved", SIZE)
+    s3.put_object(Bucket=bucket, Key=KEY, Body=v1)
+    c = fleet(2, extra_args=CHUNK_ARGS + ["--writeback"])
+    a, b = c.nodes
+    assert read_sha(a.path / KEY)[0] == sha256(v1)
+    unsaved = payload("unsaved", SIZE)
+    fd = os.open(a.path / KEY, os.O_RDWR)
+    try:
+        for off in range(0, SIZE, MiB):
+            assert os.pwrite(fd, unsaved[off:off + MiB], off) == MiB
+        assert s3.get_object(Bucket=bucket, Key=KEY)["Body"].read() == v1  # still unsaved
+        served = a.counter("tierfs_peer_requests_total", role="server", result="ok")
+        assert read_sha(b.path / KEY)[0] == sha256(v1)
+        # A was asked for (and served) its share of the chunks
+        assert a.counter("tierfs_peer_requests_total", role="server", result="ok") > served
+        assert b.counter("tierfs_read_bytes_total", source="peer") > 0
+    finally:
+        os.close(fd)

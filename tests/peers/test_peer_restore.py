@@ -50,6 +50,8 @@ def test_eight_nodes_restore_one_checkpoint_from_the_store_once(fleet, s3, bucke
     assert len(results) == NODES * len(ckpt.objects)
 
     log = c.access_log.since_start()
+    print(f"{NODES} nodes, {ckpt.size / MiB:.0f} MiB: the store sent {log.get_bytes / MiB:.0f} "
+          f"MiB in {log.gets} GETs; peer requests {c.peer_results('client')}")
     assert log.get_bytes <= BOUND * ckpt.size, (log.get_bytes / MiB, log.by_key)
     assert c.store_bytes() <= BOUND * ckpt.size
     # the rest came from peers, and each node counted it as such
@@ -88,11 +90,16 @@ def test_restore_completes_byte_exact_with_two_nodes_killed_midway(fleet, s3, bu
             c.kill(v)
 
     k = threading.Thread(target=killer)
+    c.access_log.start()
     k.start()
     try:
         results = restore(c.nodes, ckpt, progress=progress)
     finally:
         k.join(120)
+    log = c.access_log.since_start()
+    print(f"killed {[v.index for v in victims]} at {at_kill[0] / MiB if at_kill else '-'} MiB "
+          f"of {total / MiB:.0f}: the store sent {log.get_bytes / MiB:.0f} MiB for a "
+          f"{ckpt.size / MiB:.0f} MiB checkpoint; peer requests {c.peer_results('client')}")
     assert at_kill and at_kill[0] < total, "the kill came after the restore"
     killed = {v.index for v in victims}
     survivors = [r for r in results if r.node not in killed]
@@ -115,6 +122,8 @@ def test_rl_fan_out_small_files_one_get_each(fleet, s3, bucket):
     results = restore(c.nodes, files, threads_per_node=4)
     assert wrong(results, files) == []
     log = c.access_log.since_start()
+    print(f"{NODES} nodes, {count} files: {log.gets} GETs; peer requests "
+          f"{c.peer_results('client')}")
     assert log.gets <= BOUND * count, (log.gets, count)
     assert c.store_gets() <= BOUND * count
     assert c.sum("tierfs_read_bytes_total", source="peer") > 0
