@@ -1,5 +1,6 @@
 """Fixtures of the peer-tier tests (real mounts over the session's RGW; tests/peers/cluster.py).
 
+  rgw     the session's RGW, or with TIERFS_LONG=1 a bigger one of tests/peers' own
   s3      a boto3 client of the RGW itself: uploads the data, overwrites objects
   fleet   (function) a factory of Clusters of the test's `bucket`, each stopped at teardown:
             c = fleet(8)                                   # 8 mounts with peers, at once
@@ -17,7 +18,23 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # `import cluster, fakepeer`
 
-from cluster import Cluster  # noqa: E402
+from cluster import LONG, Cluster  # noqa: E402
+from rgw import start_rgw  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def rgw(rgw):
+    """The session's RGW; with TIERFS_LONG=1 one of these tests' own with room for the
+    long sizes (the session's 3 GiB memstore holds ~1.5 GiB, and deleted objects are freed
+    only a minute or two later: a 512 MiB checkpoint per test would fill it)."""
+    if not LONG:
+        yield rgw
+        return
+    server = start_rgw(memstore_bytes=8 << 30)
+    try:
+        yield server
+    finally:
+        server.stop()
 
 
 @pytest.fixture
