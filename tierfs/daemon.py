@@ -9,7 +9,6 @@ the mount point has gone through the kernel and back.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import errno
 import logging
 import os
@@ -30,6 +29,7 @@ from .core import async_backend, build_core
 from .errors import BackendError, StartupError
 from .fs import FuseOps
 from .health import PROBE_TIMEOUT_S, BackendHealth
+from .meta import start_probe, stop_probes
 from .metrics import Metrics
 from .runpaths import control_socket
 from .tasks import Tasks
@@ -63,7 +63,9 @@ def _bound_malloc() -> None:
     the memory tier. A fixed threshold turns that dynamic behaviour off.
     """
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        # the symbols the interpreter is linked with (libc among them): find_library
+        # would run `ldconfig -p` in a child process at every mount
+        libc = ctypes.CDLL(None)
         libc.mallopt(-3, 1 << 20)  # M_MMAP_THRESHOLD
     except (OSError, AttributeError) as exc:
         log.info("could not bound malloc (%s): memory may grow past the memory tier", exc)
@@ -87,8 +89,12 @@ async def serve(cfg: MountConfig, on_ready: Callable[[], None]) -> None:
     cache_dir = cfg.effective_cache_dir
     lock_fd = lock_cache_dir(cache_dir)
     try:
+        # the index walk in a child process (~0.1-0.4 s) runs while this one imports boto3
+        # and checks the bucket; MetaStore takes its answer (tierfs/meta.py)
+        start_probe(os.path.join(cache_dir, "index"))
         await _serve_locked(cfg, cache_dir, on_ready)
     finally:
+        stop_probes()
         os.close(lock_fd)
 
 

@@ -29,7 +29,8 @@ and `uploads` databases are moved into the journal when it is opened.
 Damage: a damaged LMDB file can kill the process that reads it (SIGBUS on a truncated
 file, SIGABRT on a garbage page), so before opening an existing index MetaStore checks
 its meta pages and walks every database in a child process (`python -m tierfs.meta
---probe DIR`). A damaged index (or one of another schema) is moved aside to
+--probe DIR`; the daemon starts that child early, beside its bucket check, with
+`start_probe`). A damaged index (or one of another schema) is moved aside to
 index.damaged-<time> with one WARNING, and a new one starts empty; a second child salvages
 what it still can from the old one (chunk records, whose files ChunkCache.recover then
 re-adopts when their sizes match - every read verifies their CRCs as always - pins).
@@ -193,34 +194,115 @@ def check_meta_pages(data_path: str) -> str | None:
     return None
 
 
-def _child(args: list[str], timeout_s: float) -> tuple[int | None, bytes, str]:
-    """Run `python -m tierfs.meta ARGS`: (exit status or None on timeout, stdout, last
-    stderr line)."""
+def _start_child(args: list[str]) -> subprocess.Popen[bytes]:
+    """Start `python -m tierfs.meta ARGS` (stdout and stderr piped)."""
     env = dict(os.environ)
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env["PYTHONPATH"] = os.pathsep.join(p for p in (here, env.get("PYTHONPATH")) if p)
+    return subprocess.Popen([sys.executable, "-m", "tierfs.meta", *args], env=env,
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+
+
+def _finish_child(proc: subprocess.Popen[bytes],
+                  timeout_s: float) -> tuple[int | None, bytes, str]:
+    """Wait up to `timeout_s` for a child of _start_child: (exit status or None on timeout,
+    stdout, last stderr line). A child out of time is killed."""
     try:
-        r = subprocess.run([sys.executable, "-m", "tierfs.meta", *args], capture_output=True,
-                           timeout=timeout_s, env=env, stdin=subprocess.DEVNULL)
-    except subprocess.TimeoutExpired as exc:
-        return None, exc.stdout or b"", ""
-    lines = r.stderr.decode(errors="replace").strip().splitlines()
-    return r.returncode, r.stdout, (lines[-1][:300] if lines else "")
+        out, err = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, _ = proc.communicate()
+        return None, out or b"", ""
+    lines = err.decode(errors="replace").strip().splitlines()
+    return proc.returncode, out, (lines[-1][:300] if lines else "")
+
+
+def _child(args: list[str], timeout_s: float) -> tuple[int | None, bytes, str]:
+    """Run `python -m tierfs.meta ARGS`: (exit status or None on timeout, stdout, last
+    stderr line)."""
+    return _finish_child(_start_child(args), timeout_s)
+
+
+@dataclass
+class _EarlyProbe:
+    proc: subprocess.Popen[bytes]
+    file: tuple[int, int, int, int]  # data.mdb's (dev, ino, size, mtime_ns) when it started
+    deadline: float  # time.monotonic()
+
+
+_early: dict[str, _EarlyProbe] = {}  # index dir -> its probe started by start_probe
+
+
+def _file_id(data: str) -> tuple[int, int, int, int]:
+    st = os.stat(data)
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
+
+
+def start_probe(path: str, timeout_s: float = PROBE_TIMEOUT_S) -> None:
+    """Start probe_index's child for the index in PATH now (if there is one), so that the
+    walk runs beside the daemon's other start-up work (the bucket check, the imports)
+    instead of after it; probe_index(PATH) then takes its answer - only if data.mdb is
+    still the same file, same size and mtime, else it probes again. The caller holds the
+    cache dir's lock, so nothing else writes the index meanwhile; stop_probes() ends a
+    probe nobody collected."""
+    data = os.path.join(path, "data.mdb")
+    try:
+        file = _file_id(data)
+    except OSError:
+        return  # no index: nothing to probe (probe_index says so itself)
+    _drop_early(path)
+    _early[path] = _EarlyProbe(_start_child(["--probe", path]), file,
+                               time.monotonic() + timeout_s)
+
+
+def _drop_early(path: str) -> None:
+    early = _early.pop(path, None)
+    if early is not None:
+        early.proc.kill()  # a no-op on one that has exited (not yet reaped)
+        early.proc.communicate()
+
+
+def stop_probes() -> None:
+    """Kill and reap the probes start_probe started that probe_index did not collect."""
+    for path in list(_early):
+        _drop_early(path)
+
+
+def _early_probe(path: str, data: str) -> tuple[int | None, bytes, str] | None:
+    """The answer of the probe start_probe started for PATH, if the file it walked is
+    still the one there (None: probe now)."""
+    early = _early.pop(path, None)
+    if early is None:
+        return None
+    try:
+        same = _file_id(data) == early.file
+    except OSError:
+        same = False
+    if not same:
+        _early[path] = early
+        _drop_early(path)
+        return None
+    return _finish_child(early.proc, max(0.0, early.deadline - time.monotonic()))
 
 
 def probe_index(path: str, timeout_s: float = PROBE_TIMEOUT_S) -> str | None:
     """What is wrong with the LMDB index in PATH, or None (also when there is none).
 
     The meta pages are checked here; then a child process opens the environment and
-    reads every record of every database. If the file is damaged, the child dies
-    (SIGBUS, SIGABRT), fails or loops, not this process."""
+    reads every record of every database (or one start_probe started earlier has). If
+    the file is damaged, the child dies (SIGBUS, SIGABRT), fails or loops, not this
+    process."""
     data = os.path.join(path, "data.mdb")
     if not os.path.exists(data):
+        _drop_early(path)
         return None
     problem = check_meta_pages(data)
     if problem is not None:
+        _drop_early(path)
         return problem
-    status, _, err = _child(["--probe", path], timeout_s)
+    answer = _early_probe(path, data)
+    status, _, err = answer if answer is not None else _child(["--probe", path], timeout_s)
     if status is None:
         return f"reading it did not finish in {timeout_s:g}s"
     if status < 0:

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 import trio
 
+from tierfs import meta as metamod
 from tierfs.backend.file import FileBackend
 from tierfs.cache.disk import DiskTier
 from tierfs.cache.keys import ObjectVersion
@@ -190,6 +191,24 @@ def test_a_missing_index_starts_empty_and_keeps_the_journal(tmp_path):
     assert got["file_ino"] == built["file_ino"] and got["new_ino"] > built["file_ino"]
     assert got["kept"] == 0 and got["dropped"] == CHUNKS  # no record vouches for them
     assert not list((root / "chunks").rglob("*.*"))
+
+
+def test_a_probe_started_early_is_used_only_for_the_file_it_walked(tmp_path):
+    """The daemon starts the index walk before its bucket check (meta.start_probe): damage
+    is still found, and a file that changed after the walk began is walked again."""
+    healthy, damaged, changed = (tmp_path / n for n in ("healthy", "damaged", "changed"))
+    for root in (healthy, damaged, changed):
+        build(root)
+    garbage_in_the_middle(damaged)
+    for root in (healthy, damaged, changed):
+        metamod.start_probe(str(root / "index"))
+    garbage_in_the_middle(changed)  # before or after its early walk read it: found either way
+    assert metamod.probe_index(str(healthy / "index")) is None
+    assert "reading it" in metamod.probe_index(str(damaged / "index"))
+    assert "reading it" in metamod.probe_index(str(changed / "index"))
+    metamod.start_probe(str(healthy / "index"))
+    metamod.stop_probes()  # a start-up that failed before opening the index: reaped
+    assert metamod._early == {}
 
 
 def test_meta_page_check_catches_truncation_without_mapping_the_file(tmp_path):
