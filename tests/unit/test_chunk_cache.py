@@ -89,6 +89,29 @@ async def test_short_last_chunk_reads_back_exactly(root):
         rig.close()
 
 
+async def test_evicted_buffers_serve_later_reads_but_never_under_a_reader(root, monkeypatch):
+    from tierfs.cache import disk as disk_mod
+    monkeypatch.setattr(disk_mod, "_NOWAIT_MAX", 0)  # every read in read_blocks...
+    monkeypatch.setattr(disk_mod, "_REUSE_MIN", BS)  # ...into a reused buffer
+    rig = make_cache(root, cache_size=64 * CHUNK, memory_bytes=2 * CHUNK)
+    try:
+        chunks = {i: chunk_data(i) for i in range(6)}
+        for i, data in chunks.items():
+            await rig.cache.fill(OBJ, OBJ.chunk_key(i), data)
+        held, _ = await rig.cache.read(OBJ.chunk_key(0), 0, 3, touch=True)
+        owners = set()
+        for rnd in range(3):
+            for i, data in chunks.items():  # each read evicts an older chunk from memory
+                got, source = await rig.cache.read(OBJ.chunk_key(i), 0, 3, touch=True)
+                assert got == data
+                owners.add(id(got.obj))
+                del got
+        assert held == chunks[0]  # its buffer was never handed to another read
+        assert len(owners) < 6 * 3  # evicted buffers were reused
+    finally:
+        rig.close()
+
+
 async def test_corrupt_chunk_is_dropped_and_reported_as_a_miss(root):
     rig = make_cache(root, cache_size=64 * CHUNK, memory_bytes=0)
     try:

@@ -152,3 +152,45 @@ def test_open_files_are_bounded_and_closed_when_chunks_go(tmp_path):
     assert disk.read_blocks(ckey, len(data), crcs, 0, 3) == data
     disk.close()
     assert len(disk._fds) == 0
+
+
+# ---- big reads into reused buffers ------------------------------------------------------
+
+
+@pytest.fixture
+def reusing(monkeypatch):
+    monkeypatch.setattr(disk_mod, "_REUSE_MIN", BS)  # every read goes into a reused buffer
+
+
+def test_a_read_buffer_is_reused_only_once_no_view_of_it_is_left(disk, reusing):
+    a, data_a, crcs_a = written(disk, 0)
+    b, data_b, crcs_b = written(disk, 1)
+    got = disk.read_blocks(a, len(data_a), crcs_a, 0, 3)
+    assert got == data_a and got.readonly
+    owner, piece = got.obj, got[BS:2 * BS]  # a reader still holds part of it
+    del got
+    disk.reuse(owner)
+    other = disk.read_blocks(b, len(data_b), crcs_b, 0, 3)
+    assert other.obj is not owner and other == data_b
+    assert piece == data_a[BS:2 * BS]
+    del piece  # the last view: now it may serve another read
+    disk.reuse(owner)
+    again = disk.read_blocks(b, len(data_b), crcs_b, 0, 3)  # a read of the same size
+    assert again.obj is owner and again == data_b
+
+
+def test_a_reused_buffer_never_serves_a_damaged_block(disk, reusing):
+    a, data_a, crcs_a = written(disk, 0)
+    b, data_b, crcs_b = written(disk, 1)
+    got = disk.read_blocks(a, len(data_a), crcs_a, 0, 3)
+    owner = got.obj
+    del got
+    disk.reuse(owner)
+    flip_byte(disk.path(b), 2 * BS + 1)
+    with pytest.raises(CacheCorrupt, match="block 2"):
+        disk.read_blocks(b, len(data_b), crcs_b, 0, 3)  # into owner, over a's bytes
+    os.truncate(disk.path(b), BS)
+    with pytest.raises(CacheCorrupt, match="short"):
+        disk.read_blocks(b, len(data_b), crcs_b, 0, 3)
+    again = disk.read_blocks(a, len(data_a), crcs_a, 0, 3)
+    assert again.obj is owner and again == data_a

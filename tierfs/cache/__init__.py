@@ -41,6 +41,7 @@ class ChunkCache:
         self.meta = meta
         self.disk = disk
         self.memory = memory
+        memory.released = disk.reuse  # a big read's buffer serves the next one (disk.py)
         self.evictor = evictor
         self.metrics = metrics
         self.block_size = disk.block_size

@@ -8,9 +8,12 @@ torn or bit-rotted file is simply dropped and fetched again.
 Reads: `read_cached` runs on the trio thread and answers only from the page cache
 (`preadv` with RWF_NOWAIT on a chunk file already open), so a warm read costs no thread
 hand-off; it returns None when the data is not there (EAGAIN, a short read, no open fd)
-and the caller runs `read_blocks` in a worker thread. Every other method blocks and runs
-in worker threads. Chunk files stay open in a bounded LRU of fds (`_Fds`), closed when the
-chunk is deleted or replaced, when it falls out of the LRU, and at `close()`.
+and the caller runs `read_blocks` in a worker thread. A big read (>= 1 MiB: whole chunks
+the Prefetcher loads) goes into a buffer reused from an earlier one that the memory tier
+let go (`_ReadBuffers`; `reuse` is non-blocking and called on the trio thread). Every
+other method blocks and runs in worker threads. Chunk files stay open in a bounded LRU
+of fds (`_Fds`), closed when the chunk is deleted or replaced, when it falls out of the
+LRU, and at `close()`.
 
 The CRCs are CRC32C (hardware, google_crc32c): meta.CHUNK_FORMAT 2. meta.py keeps the
 format in the index and drops the chunk records of any other (format 1 was zlib's CRC32)
@@ -39,6 +42,8 @@ _POOLED = 4  # aligned buffers kept for reuse (the Fetcher runs 4 disk writes at
 _NOWAIT_MAX = 256 << 10  # bigger reads go to a worker thread: they would stall the trio
 #                          thread for milliseconds, and one hand-off per 8 MiB is cheap
 _FDS_MAX = 256  # chunk files kept open (a 2 GiB working set of 8 MiB chunks)
+_REUSE_MIN = 1 << 20  # reads this big go into reused buffers (sizes: multiples of this)
+_REUSE_KEEP = 4  # idle read buffers kept (the Prefetcher loads a few chunks at once)
 _RWF_NOWAIT = getattr(os, "RWF_NOWAIT", 0)
 
 
@@ -166,6 +171,54 @@ class _Fds:
         return len(self._open)
 
 
+class _ReadBuffer(mmap.mmap):
+    """A buffer of `_ReadBuffers` (the type tells ours from any other buffer)."""
+
+
+class _ReadBuffers:
+    """Buffers for big disk-tier reads, reused once no view of them is left.
+
+    A read into fresh memory page-faults every 4 KiB of it in (and unmaps it when freed):
+    a third of the daemon's CPU on a warm sequential read (bench/README.md). The memory
+    tier keeps what was read, so a buffer is free again only when its last view is gone:
+    `give` checks that with mmap's own count of exported views (a resize is refused while
+    one lives), so bytes a reader, a reply or another entry still sees are never
+    overwritten. Shared by worker threads (take) and the trio thread (give).
+    """
+
+    def __init__(self, keep: int) -> None:
+        self._lock = threading.Lock()
+        self._free: dict[int, list[_ReadBuffer]] = {}
+        self._keep = keep
+        self._count = 0
+
+    def take(self, size: int) -> _ReadBuffer:
+        cap = -(-size // _REUSE_MIN) * _REUSE_MIN
+        with self._lock:
+            free = self._free.get(cap)
+            if free:
+                self._count -= 1
+                return free.pop()
+        # no MADV_HUGEPAGE: on the bench VM, zeroing fresh huge pages cost more than the
+        # 4 KiB faults it saves (bench/README.md)
+        return _ReadBuffer(-1, cap, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+
+    def give(self, buf: object) -> None:
+        if not isinstance(buf, _ReadBuffer) or buf.closed:
+            return
+        try:
+            buf.resize(len(buf))  # same size: no change, but BufferError while a view lives
+        except (BufferError, OSError, ValueError, SystemError):
+            return  # in use (or not resizable here): freed when its last view goes
+        with self._lock:
+            if self._count < self._keep:
+                self._free.setdefault(len(buf), []).append(buf)
+                self._count += 1
+
+    def __len__(self) -> int:
+        return self._count
+
+
 def _close(fds: list[int | None]) -> None:
     for fd in fds:
         if fd is not None:
@@ -183,6 +236,7 @@ class DiskTier:
         self._direct_ok = hasattr(os, "O_DIRECT")
         self._buffers: queue.SimpleQueue[mmap.mmap] = queue.SimpleQueue()
         self._fds = _Fds(open_files)
+        self._reads = _ReadBuffers(_REUSE_KEEP)
         # a tier dropped without close() (a test's core) still closes its files
         self._finalizer = weakref.finalize(self, self._fds.close_all)
 
@@ -282,28 +336,52 @@ class DiskTier:
         return memoryview(buf).toreadonly()  # nobody writes to buf again
 
     def read_blocks(self, ckey: bytes, length: int, crcs: tuple[int, ...], first: int,
-                    last: int) -> bytes:
-        """Bytes of blocks first..last (inclusive) of a chunk, each block verified."""
+                    last: int) -> bytes | memoryview:
+        """Bytes of blocks first..last (inclusive) of a chunk, each block verified: bytes,
+        or for a big read a read-only view of a reused buffer (see `reuse`)."""
         start, want = self._span(length, first, last)
         try:
             h = self._fds.open(ckey, self.path(ckey))
         except FileNotFoundError:
             raise CacheCorrupt(f"chunk file {chunk_name(ckey)} is missing") from None
+        if want < _REUSE_MIN:
+            try:
+                # a pread into new bytes costs half a preadv into a bytearray (zeroed first)
+                buf = os.pread(h.fd, want, start)
+            finally:
+                self._fds.release(h)
+            if len(buf) != want:
+                raise CacheCorrupt(f"chunk file {chunk_name(ckey)} is short")
+            self._verify(ckey, buf, crcs, first)
+            return buf
+        reused = self._reads.take(want)
+        view = memoryview(reused)[:want]
         try:
-            # a pread into new bytes costs half a preadv into a bytearray (zeroed first)
-            buf = os.pread(h.fd, want, start)
-        finally:
-            self._fds.release(h)
-        if len(buf) != want:
-            raise CacheCorrupt(f"chunk file {chunk_name(ckey)} is short")
-        self._verify(ckey, buf, crcs, first)
-        return buf
+            try:
+                got = os.preadv(h.fd, [view], start)
+            finally:
+                self._fds.release(h)
+            if got != want:
+                raise CacheCorrupt(f"chunk file {chunk_name(ckey)} is short")
+            self._verify(ckey, view, crcs, first)
+        except BaseException:
+            view.release()
+            self._reads.give(reused)  # nothing of it was handed out
+            raise
+        out = view.toreadonly()
+        view.release()
+        return out
+
+    def reuse(self, owner: object) -> None:
+        """`owner` (the object a released memory-tier view was of) may serve another read,
+        if it is one of our read buffers and no view of it is left."""
+        self._reads.give(owner)
 
     def _span(self, length: int, first: int, last: int) -> tuple[int, int]:
         start = first * self.block_size
         return start, min(length, (last + 1) * self.block_size) - start
 
-    def _verify(self, ckey: bytes, buf: bytes | bytearray, crcs: tuple[int, ...],
+    def _verify(self, ckey: bytes, buf: bytes | bytearray | memoryview, crcs: tuple[int, ...],
                 first: int) -> None:
         for b, crc in enumerate(block_crcs(buf, self.block_size), first):
             if crc != crcs[b]:

@@ -7,13 +7,17 @@ partial read's blocks, views of one buffer that lives while any of them does). N
 writes to them, so a reader may keep a reference after the entry is evicted. LRU suffices
 here: the disk tier's heat ordering is what protects the working set from scans; this
 tier only absorbs re-reads.
+
+An entry that leaves (evicted, replaced, dropped) is handed to `released`, which
+ChunkCache points at the disk tier: a big disk read's buffer is reused for the next one
+once no view of it is left (DiskTier.reuse checks that), so a warm read does not
+page-fault fresh memory in and unmap it again for every chunk.
 """
 
 from __future__ import annotations
 
-from typing import Union
-
-from cachetools import LRUCache
+from collections import OrderedDict
+from typing import Callable, Union
 
 WHOLE = -1
 
@@ -23,21 +27,42 @@ Block = Union[bytes, memoryview]  # immutable bytes or a read-only view
 class MemoryTier:
     def __init__(self, capacity_bytes: int) -> None:
         self.capacity = capacity_bytes
-        self._lru: LRUCache | None = (LRUCache(maxsize=capacity_bytes, getsizeof=len)
-                                      if capacity_bytes > 0 else None)
+        # a plain OrderedDict: cachetools' LRUCache cost a few us per get and put
+        self._lru: OrderedDict[tuple[bytes, int], Block] = OrderedDict()
+        self._size = 0
+        self.released: Callable[[object], None] | None = None  # gets a view's owner
 
     def get(self, key: tuple[bytes, int]) -> Block | None:
-        return self._lru.get(key) if self._lru is not None else None
+        data = self._lru.get(key)
+        if data is not None:
+            self._lru.move_to_end(key)
+        return data
 
     def put(self, key: tuple[bytes, int], data: Block) -> None:
-        if self._lru is not None and len(data) <= self.capacity:
-            self._lru[key] = data
+        n = len(data)
+        if n > self.capacity or self.capacity <= 0:
+            return
+        self._pop(key)
+        self._lru[key] = data
+        self._size += n
+        while self._size > self.capacity:
+            self._pop(next(iter(self._lru)))
 
     def drop_chunk(self, ckey: bytes, blocks: int) -> None:
-        if self._lru is not None:
+        if self._lru:
             for b in range(WHOLE, blocks):
-                self._lru.pop((ckey, b), None)
+                self._pop((ckey, b))
+
+    def _pop(self, key: tuple[bytes, int]) -> None:
+        data = self._lru.pop(key, None)
+        if data is None:
+            return
+        self._size -= len(data)
+        owner = data.obj if isinstance(data, memoryview) else None
+        del data  # the owner can be reused only once this view is gone too
+        if owner is not None and self.released is not None:
+            self.released(owner)
 
     @property
     def bytes(self) -> int:
-        return int(self._lru.currsize) if self._lru is not None else 0
+        return self._size
