@@ -14,6 +14,7 @@ import trio
 
 from tierfs.backend.file import FileBackend
 from tierfs.meta import ROOT_INO
+from tierfs.peers import TIMEOUT_STRIKES
 from unitkit import core, sample, write
 
 CS = 64 << 10
@@ -125,3 +126,27 @@ async def test_an_owner_that_knows_a_newer_version_refuses_and_the_store_decides
             got = await read_all(b, "f", len(new))
         assert got == new
         assert peer_results(a, "server")["stale"] >= 1
+
+
+async def test_a_slow_owner_is_down_only_after_timeouts_in_a_row(tmp_path):
+    me, slow = free_port(), free_port()
+    listener = trio.socket.socket()
+    listener.setsockopt(trio.socket.SOL_SOCKET, trio.socket.SO_REUSEADDR, 1)
+    await listener.bind(("127.0.0.1", slow))
+    listener.listen()  # accepted by the kernel, never answered: each request times out
+    try:
+        async with fleet(tmp_path, [me], listed=[me, slow], peer_timeout=0.2) as (src, (a,)):
+            tier = a.core.peers
+            [peer] = tier.members.all()
+            fields = dict(bucket=src, key="k", etag="e", size=64 * CS, chunk_size=CS)
+            owned = [i for i in range(64)
+                     if tier.owner(b"o" * 16 + i.to_bytes(4, "big")) == peer][:TIMEOUT_STRIKES]
+            assert len(owned) == TIMEOUT_STRIKES
+            for n, i in enumerate(owned, 1):
+                assert await tier.fetch(b"o" * 16 + i.to_bytes(4, "big"), index=i,
+                                        **fields) is None
+                assert peer_results(a, "client")["timeout"] == n
+                # slow is not dead: up until the strikes are spent
+                assert tier.members.live() == ([] if n == TIMEOUT_STRIKES else [peer])
+    finally:
+        listener.close()
