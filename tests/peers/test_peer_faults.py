@@ -21,8 +21,11 @@ What a damaged reply can be caught by:
 from __future__ import annotations
 
 import http.client
+import json
 import os
 import secrets
+import subprocess
+import sys
 import time
 
 import pytest
@@ -117,7 +120,7 @@ def test_a_reply_signed_for_another_etag_is_corrupt(fleet, s3, bucket):
     _assert_served_only_store_bytes(c, node, data, asked)
 
 
-def test_a_peer_that_hangs_costs_one_deadline_then_the_store(fleet, s3, bucket):
+def test_a_peer_that_hangs_is_given_up_for_the_store(fleet, s3, bucket):
     data, _ = _one(s3, bucket)
     data2, _ = _one(s3, bucket, "ckpt/other.pt", seed="other")
     with HangingPeer() as hang:
@@ -129,10 +132,22 @@ def test_a_peer_that_hangs_costs_one_deadline_then_the_store(fleet, s3, bucket):
         assert node.counter("tierfs_peer_requests_total", role="client", result="timeout") >= 1
         assert node.counter("tierfs_read_bytes_total", source="peer") == 0
         assert node.counter("tierfs_peers_up") == 0
+        # `tierfs status` names it as down
+        st = _status(node)
+        assert st["peers"]["down"] == [hang.addr] and st["peers"]["up"] == []
+        assert st["peers"]["requests"]["client"].get("timeout", 0) >= 1
         # the rest of the file, and a second file, went to the store without asking it
         before = node.counter("tierfs_peer_requests_total", role="client")
         assert read_sha(node.path / "ckpt/other.pt")[0] == sha256(data2)
         assert node.counter("tierfs_peer_requests_total", role="client") == before
+
+
+def _status(node) -> dict:
+    argv = [sys.executable, "-m", "tierfs", "status", "--json", node.mount.mountpoint]
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=60,
+                       stdin=subprocess.DEVNULL)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
 
 
 def _get(port: int, target: str, auth: str | None) -> tuple[int, bytes, dict]:
@@ -202,3 +217,30 @@ def test_a_peer_never_serves_unsaved_writes(fleet, s3, bucket):
         assert b.counter("tierfs_read_bytes_total", source="peer") > 0
     finally:
         os.close(fd)
+
+
+def test_a_peer_serves_only_the_bucket_it_mounts(fleet, rgw, s3, bucket, tmp_path):
+    # node A mounts another bucket; node B lists A as a peer: A refuses B's chunks (404,
+    # nothing fetched for them), B reads them from the store
+    from cluster import Cluster
+    from rgw import delete_bucket
+
+    other = f"{bucket[:40]}-other"
+    s3.create_bucket(Bucket=other)
+    try:
+        a = Cluster(rgw, other, tmp_path / "a", 1, extra_args=CHUNK_ARGS)
+        try:
+            data, _ = _one(s3, bucket)
+            b = fleet(1, secret=a.secret, extra_args=CHUNK_ARGS, extra_peers=[a.nodes[0].addr])
+            node = b.nodes[0]
+            assert read_sha(node.path / KEY)[0] == sha256(data)
+            assert node.counter("tierfs_peer_requests_total", role="client", result="refused") >= 1
+            assert node.counter("tierfs_read_bytes_total", source="peer") == 0
+            assert a.nodes[0].counter("tierfs_peer_requests_total", role="server",
+                                      result="refused") >= 1
+            assert a.nodes[0].counter("tierfs_backend_requests_total", op="get") == 0
+            assert a.nodes[0].counter("tierfs_peer_bytes_total", direction="out") == 0
+        finally:
+            a.stop()
+    finally:
+        delete_bucket(s3, other)
