@@ -38,6 +38,7 @@ from .cache import ChunkCache
 from .cache.disk import DiskTier
 from .cache.evictor import Evictor
 from .cache.memory import MemoryTier
+from .capacity import CapacityHistory
 from .config import MountConfig, read_peer_secret
 from .errors import StartupError
 from .fetch import Fetcher
@@ -97,6 +98,7 @@ class Core:
     chunks_kept: int  # by the cache recovery at start
     chunks_dropped: int
     files_recovered: int  # journaled files with unsaved writes, queued for upload
+    capacity: CapacityHistory | None = None  # the sampled history for `usage --forecast`
 
     def cancel(self) -> None:
         """Stop every background task now (the daemon at unmount, after its drain)."""
@@ -150,6 +152,8 @@ async def build_core(cfg: MountConfig, backend: Backend | AsyncBackend, *,
                     tasks = CoreTasks(work, services, metrics)
                     core = _wire(cfg, metrics, abackend, meta, disk, evictor, memory, cache,
                                  tasks, clock, kept, dropped)
+                    core.capacity = CapacityHistory(meta, cache, metrics, clock=clock,
+                                                    tenant_of=_tenant_of(cfg))
                     _start_services(core)
                     if core.peers is not None:
                         await _start_peer_server(core, services, block_size)
@@ -255,6 +259,13 @@ def _start_services(core: Core) -> None:
     tasks.supervise("stall-watch", core.backend.watch_stalls)
     if core.backend.health is not None:
         tasks.supervise("health-probe", core.backend.health.run)
+    if core.capacity is not None:
+        tasks.supervise("capacity-sampler", core.capacity.run)
+
+
+def _tenant_of(cfg: MountConfig) -> Callable[[str], str] | None:
+    tenants = getattr(cfg, "tenants", None)  # MountConfig.tenants (a TenantMap) once it lands
+    return None if tenants is None else tenants.of
 
 
 async def _then_idle(fn: Callable[[], Awaitable[None]]) -> None:

@@ -15,6 +15,8 @@ Named databases (keys are ordered binary, big-endian integers first):
             metadata by HEAD
   pins      owner ("job:42", "manual") -> JSON {expires, objects: {oid hex: size}}:
             what `tierfs warm --pin` keeps from eviction, kept across restarts
+  capacity  "5m/" or "1h/" + step (u64) -> JSON sample of the cache (tierfs.capacity):
+            the downsampled history behind `tierfs usage --forecast`
 
 Every method is one short synchronous transaction; callers never await inside one.
 Inode numbers are allocated once per (parent, name, kind) and persist, so they are
@@ -477,6 +479,7 @@ class MetaStore:
         self._objects = self.env.open_db(b"objects")
         self._attrs = self.env.open_db(b"attrs")
         self._pins = self.env.open_db(b"pins")
+        self._capacity = self.env.open_db(b"capacity")
 
     def _schema(self) -> int | None:
         with self.env.begin(db=self._info) as txn:
@@ -878,6 +881,36 @@ class MetaStore:
     def pins(self) -> list[tuple[str, dict]]:
         with self.env.begin(db=self._pins) as txn:
             return [(bytes(k).decode(), json.loads(v)) for k, v in txn.cursor()]
+
+    # ---- capacity history (tierfs.capacity) -----------------------------------------
+    # tier name + "/" + u64 step -> JSON sample; bounded by the caller, which drops a
+    # tier's steps older than it keeps at each put
+
+    def put_capacity(self, tier: str, step: int, record: dict, *, drop_before: int) -> None:
+        """Store one sample at its step of a tier (replacing the step's earlier one) and drop
+        the tier's steps before `drop_before`, in one transaction."""
+        prefix = tier.encode() + b"/"
+        with self.env.begin(write=True, db=self._capacity) as txn:
+            txn.put(prefix + _u64(step), json.dumps(record).encode())
+            cur = txn.cursor()
+            if cur.set_range(prefix):
+                while cur.key()[:len(prefix)] == prefix and \
+                        _U64.unpack(cur.key()[len(prefix):])[0] < drop_before:
+                    if not cur.delete():
+                        break
+
+    def capacity(self, tier: str) -> list[tuple[int, dict]]:
+        """A tier's samples, oldest first."""
+        prefix = tier.encode() + b"/"
+        out = []
+        with self.env.begin(db=self._capacity) as txn:
+            cur = txn.cursor()
+            if cur.set_range(prefix):
+                for k, v in cur:
+                    if bytes(k[:len(prefix)]) != prefix:
+                        break
+                    out.append((_U64.unpack(k[len(prefix):])[0], json.loads(v)))
+        return out
 
     # ---- chunk index -----------------------------------------------------------------
 
