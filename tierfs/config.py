@@ -901,6 +901,9 @@ class SlurmSettings(BaseModel):
     max_bytes: _size_type(0, MAX_CACHE_SIZE) = 0  # per job and node (0: no limit)
     log_file: Annotated[str | None, BeforeValidator(
         lambda v: None if v in ("", None) else _abs_path(v))] = "/var/log/tierfs/slurm.log"
+    # the epilog appends one JSON line per job that read through tierfs (docs/slurm.md)
+    accounting_file: Annotated[str | None, BeforeValidator(
+        lambda v: None if v in ("", None) else _abs_path(v))] = None
     scontrol: Path = "scontrol"
     # the hooks use tierfs mounts made by root and by this user (name or uid; "": root only)
     daemon_user: Annotated[str, AfterValidator(

@@ -1,4 +1,4 @@
-"""The control socket of a running mount: `tierfs status`, `warm`, `evict`, `unpin`.
+"""The control socket of a running mount: `tierfs status`, `warm`, `evict`, `unpin`, `usage`.
 
 Transport: a unix stream socket (tierfs.runpaths.control_socket), mode 0600 in a 0700
 directory, and each connection's peer uid is checked (SO_PEERCRED): only root and the
@@ -25,18 +25,23 @@ import socket
 import stat
 import struct
 import time
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import trio
 
 from . import protocol
 from .cache import ChunkCache
+from .capacity import CapacityHistory, forecast
 from .errors import StartupError, TierfsError, UsageError
 from .metrics import Metrics
 from .peers import PeerTier
 from .protocol import (IDLE_TIMEOUT_S, MAX_REQUEST, PROTOCOL, EvictRequest, Request,
-                       StatusRequest, UnpinRequest, WarmRequest)
+                       StatusRequest, UnpinRequest, UsageRequest, WarmRequest)
 from .warm import Warmer
+
+if TYPE_CHECKING:
+    from .meta import MetaStore
+    from .usage import Tally, Usage
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +51,8 @@ _PEERCRED = struct.Struct("3i")  # pid, uid, gid
 class ControlServer:
     def __init__(self, path: str, warmer: Warmer, cache: ChunkCache, metrics: Metrics, *,
                  info: dict, uploads_pending: Callable[[], int], warm_concurrency: int,
-                 peers: PeerTier | None = None) -> None:
+                 peers: PeerTier | None = None, usage: "Usage | None" = None,
+                 capacity: CapacityHistory | None = None) -> None:
         self.path = path
         self.warmer = warmer
         self.cache = cache
@@ -55,6 +61,8 @@ class ControlServer:
         self._uploads_pending = uploads_pending
         self.warm_concurrency = warm_concurrency
         self.peers = peers
+        self.usage = usage  # bytes read and stalls per tenant and reader (tierfs/usage.py)
+        self.capacity = capacity  # the sampled history behind `usage --forecast`
         self._started = time.time()
 
     async def serve(self, task_status: trio.TaskStatus = trio.TASK_STATUS_IGNORED) -> None:
@@ -197,9 +205,83 @@ class ControlServer:
         return await self.warmer.unpin(req.paths)
 
 
+    async def usage_of(self, req: UsageRequest, send: Any) -> dict:
+        if self.usage is None:
+            raise UsageError("this daemon keeps no usage accounting (a tierfs from before it)")
+        c = self.cache
+        pins = c.pins.objects()
+        result: dict[str, Any] = {
+            "by": req.by, "cached_from": "none",
+            "cache": {"used": c.used_bytes, "budget": c.budget(), "pinned": c.bytes_of(pins),
+                      "dirty": c.dirty_bytes}}
+        if req.reader is not None:  # one reader (the Slurm epilog): no index walk
+            tally = self.usage.reader(req.reader)
+            result["rows"] = [] if tally is None else [_row(req.reader, tally)]
+        elif req.by == "tenant":
+            tenant_of = self.capacity.tenant_of if self.capacity else (lambda key: "default")
+            cached, pinned = await trio.to_thread.run_sync(
+                tenant_shares, c.meta, set(pins), tenant_of)
+            live = getattr(c, "tenant_bytes", None)  # exact, once the cache attributes chunks
+            if callable(live):
+                cached, result["cached_from"] = dict(live()), "cache"
+            else:
+                result["cached_from"] = "index"
+            tallies = self.usage.by_tenant()
+            result["rows"] = [
+                {**_row(name, tallies.get(name)), "cached": cached.get(name, 0),
+                 "pinned": pinned.get(name, 0)}
+                for name in sorted(tallies.keys() | cached.keys() | pinned.keys())]
+        else:
+            result["rows"] = [_row(name, t) for name, t in
+                              sorted(self.usage.by_reader(req.by).items())]
+        if req.forecast:
+            if self.capacity is None:
+                raise UsageError("this daemon keeps no capacity history")
+            history = await trio.to_thread.run_sync(self.capacity.history)
+            f = forecast(history)
+            result["forecast"] = {
+                "verdict": f.verdict, "text": f.text(), "samples": f.samples,
+                "span_s": f.span_s, "level": f.level, "budget": f.budget,
+                "slope_per_day": f.slope_per_day, "days_to_full": f.days_to_full,
+                "working_set": [{"tenant": t, "day": d, "week": w} for t, (d, w)
+                                in self.capacity.working_sets().items()]}
+        return result
+
+
+def _row(name: str, t: "Tally | None") -> dict:
+    if t is None:
+        return {"name": name, "read": {}, "hit_ratio": None, "stall_s": 0.0}
+    ratio = t.hit_ratio()
+    return {"name": name, "read": dict(t.read), "stall_s": round(t.stall_s, 3),
+            "hit_ratio": None if ratio is None else round(ratio, 4),
+            "first": t.first, "last": t.last}
+
+
+def tenant_shares(meta: "MetaStore", pinned_oids: set[bytes], tenant_of: Callable[[str], str]
+                  ) -> tuple[dict[str, int], dict[str, int]]:
+    """(cached bytes, pinned bytes) per tenant, from the chunk index and the objects db
+    (read-only, in a worker thread; the index is at most a second behind the cache). For
+    a cache that does not attribute its chunks to tenants itself."""
+    cached: dict[str, int] = {}
+    pinned: dict[str, int] = {}
+    tenants: dict[bytes, str] = {}
+    for ckey, rec in meta.chunks():
+        oid = ckey[:16]
+        tenant = tenants.get(oid)
+        if tenant is None:
+            info = meta.object_info(oid)
+            tenant = tenants[oid] = tenant_of(info["key"]) if info and "key" in info \
+                else "default"
+        cached[tenant] = cached.get(tenant, 0) + rec.length
+        if oid in pinned_oids:
+            pinned[tenant] = pinned.get(tenant, 0) + rec.length
+    return cached, pinned
+
+
 _OPS: dict[type[Request], Callable[..., Any]] = {
     StatusRequest: ControlServer.status, WarmRequest: ControlServer.warm,
-    EvictRequest: ControlServer.evict, UnpinRequest: ControlServer.unpin}
+    EvictRequest: ControlServer.evict, UnpinRequest: ControlServer.unpin,
+    UsageRequest: ControlServer.usage_of}
 
 
 def prepare_socket_dir(path: str) -> None:

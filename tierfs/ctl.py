@@ -1,4 +1,4 @@
-"""`tierfs status | warm | evict | unpin`: clients of a running mount's control socket.
+"""`tierfs status | warm | evict | unpin | usage`: clients of a running mount's control socket.
 
 Paths name files, directories or glob patterns under a tierfs mount, as the user sees
 them; the mount is found in /proc/self/mountinfo (fstype fuse.tierfs, longest prefix)
@@ -446,6 +446,68 @@ def _unpin(args: argparse.Namespace) -> int:
     return status
 
 
+def _usage(args: argparse.Namespace) -> int:
+    """`tierfs usage [MOUNT]`: one mount, or every tierfs mount of this node."""
+    all_mounts = tierfs_mounts()
+    if args.mountpoint:
+        m, rel = locate(args.mountpoint, all_mounts)
+        if rel:
+            raise UsageError(f"{args.mountpoint} is inside the mount {m.mountpoint}, not its root")
+        targets = [m]
+    else:
+        targets = all_mounts
+        if not targets:
+            raise UsageError("no tierfs mount on this node")
+    status = 0
+    for mount in targets:
+        try:
+            fields: dict[str, object] = {"by": args.by, "forecast": args.forecast}
+            if args.reader:
+                fields["reader"] = args.reader
+            res = request(mount, "usage", **fields)
+        except ControlError as exc:
+            sys.stderr.write(f"tierfs: error: {exc}\n")
+            status = 1
+            continue
+        if args.json:
+            _emit_json({"mountpoint": mount.mountpoint, **res})
+        else:
+            print(usage_table(mount.mountpoint, protocol.UsageResult.model_validate(res)))
+    return status
+
+
+def usage_table(mountpoint: str, r: protocol.UsageResult) -> str:
+    """The readable form of a usage result: one row per tenant or reader."""
+    c = r.cache
+    lines = [f"{mountpoint}: cache {format_size(c.used)} of {format_size(c.budget)}, "
+             f"{format_size(c.pinned)} pinned, {format_size(c.dirty)} unsaved"]
+    tenants = r.by == "tenant"
+    head = f"{r.by:<20} {'read':>10} {'memory':>9} {'disk':>9} {'peer':>9} {'store':>9} " \
+           f"{'hit':>6} {'stalled':>8}"
+    lines.append(head + (f" {'cached':>9} {'pinned':>9}" if tenants else ""))
+    for row in r.rows:
+        rd = row.read
+        hit = "-" if row.hit_ratio is None else f"{100 * row.hit_ratio:.0f}%"
+        text = (f"{row.name[:20]:<20} {format_size(rd.total()):>10} {format_size(rd.memory):>9} "
+                f"{format_size(rd.disk):>9} {format_size(rd.peer):>9} "
+                f"{format_size(rd.backend):>9} {hit:>6} {row.stall_s:>7.1f}s")
+        if tenants:
+            text += "".join(f" {'-' if v is None else format_size(v):>9}"
+                            for v in (row.cached, row.pinned))
+        lines.append(text)
+    if not r.rows:
+        lines.append(f"(no {r.by} has read through this mount yet)")
+    if tenants and r.cached_from == "index":
+        lines.append("(cached and pinned per tenant from the chunk index, up to a second old)")
+    f = r.forecast
+    if f is not None:
+        lines.append(f"forecast: {f.text}")
+        for ws in f.working_set:
+            lines.append(f"working set of {ws.tenant}: {format_size(ws.day)} in the last day, "
+                         f"{format_size(ws.week)} in the last week (estimated)")
+    return "\n".join(lines)
+
+
 def add_parsers(sub: argparse._SubParsersAction) -> None:
     s = sub.add_parser("status", help="cache usage, hit ratio, pins and pending uploads of a mount")
     s.add_argument("mountpoint")
@@ -482,3 +544,16 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                    help="with --job/--all: only this mount (repeatable; the Slurm epilog)")
     u.add_argument("--json", action="store_true")
     u.set_defaults(run=_unpin)
+
+    g = sub.add_parser("usage", help="bytes read, hit ratio, stalls and cache share per "
+                                     "tenant or reader; --forecast: when the cache fills")
+    g.add_argument("mountpoint", nargs="?", metavar="MOUNT",
+                   help="a tierfs mount point (default: every tierfs mount of this node)")
+    g.add_argument("--by", choices=("tenant", "job", "uid", "pod"), default="tenant",
+                   help="rows per tenant (default), Slurm job, uid or Kubernetes pod")
+    g.add_argument("--forecast", action="store_true",
+                   help="also the capacity forecast and each tenant's working set")
+    g.add_argument("--reader", metavar="NAME",
+                   help="only this reader: job:ID, pod:UID or uid:N (the Slurm epilog)")
+    g.add_argument("--json", action="store_true", help="one JSON object per mount")
+    g.set_defaults(run=_usage)

@@ -121,9 +121,28 @@ class UnpinRequest(_Request):
         return self
 
 
-Request = StatusRequest | WarmRequest | EvictRequest | UnpinRequest
+def _reader_name(value: str) -> str:
+    kind, _, ident = value.partition(":")
+    if kind not in ("job", "pod", "uid") or not ident or not all(
+            c.isalnum() or c in "-_." for c in ident):
+        raise ValueError("a reader is job:ID, pod:UID or uid:N")
+    return value
+
+
+ReaderName = Annotated[str, Field(max_length=80), AfterValidator(_reader_name)]
+
+
+class UsageRequest(_Request):
+    op: Literal["usage"] = "usage"
+    by: Literal["tenant", "job", "pod", "uid"] = "tenant"
+    reader: ReaderName | None = None  # only this reader ("job:1234"): the Slurm epilog
+    forecast: bool = False  # with the capacity history's forecast and working sets
+
+
+Request = StatusRequest | WarmRequest | EvictRequest | UnpinRequest | UsageRequest
 REQUESTS: dict[str, type[_Request]] = {"status": StatusRequest, "warm": WarmRequest,
-                                       "evict": EvictRequest, "unpin": UnpinRequest}
+                                       "evict": EvictRequest, "unpin": UnpinRequest,
+                                       "usage": UsageRequest}
 
 
 def parse_request(line: bytes) -> Request:
@@ -264,8 +283,64 @@ class UnpinResult(_PerPath):
     objects: Count = 0
 
 
+class ReadBytes(_Result):
+    memory: Count = 0
+    disk: Count = 0
+    peer: Count = 0
+    backend: Count = 0
+
+    def total(self) -> int:
+        return self.memory + self.disk + self.peer + self.backend
+
+
+class UsageRow(_Result):
+    """One tenant's or reader's usage; cached/pinned for tenants only (None: not known)."""
+    name: str
+    read: ReadBytes
+    hit_ratio: Annotated[float, Field(ge=0, le=1)] | None = None
+    stall_s: Annotated[float, Field(ge=0)] = 0.0
+    first: float = 0.0  # epoch seconds of the first and last read counted
+    last: float = 0.0
+    cached: Count | None = None
+    pinned: Count | None = None
+
+
+class CacheShare(_Result):
+    used: Count
+    budget: Count
+    pinned: Count
+    dirty: Count
+
+
+class WorkingSetRow(_Result):
+    tenant: str
+    day: Count  # estimated bytes accessed in the last day, week
+    week: Count
+
+
+class ForecastResult(_Result):
+    verdict: Literal["too few samples", "not growing", "full", "growing"]
+    text: str
+    samples: Count
+    span_s: Annotated[float, Field(ge=0)]
+    level: Count  # pinned + dirty + hot bytes now
+    budget: Count
+    slope_per_day: float | None = None
+    days_to_full: Annotated[float, Field(ge=0)] | None = None
+    working_set: list[WorkingSetRow] = []
+
+
+class UsageResult(_Result):
+    by: Literal["tenant", "job", "pod", "uid"]
+    rows: list[UsageRow]
+    cache: CacheShare
+    cached_from: Literal["cache", "index", "none"]  # where per-tenant cached bytes came from
+    forecast: ForecastResult | None = None
+
+
 RESULTS: dict[str, type[_Result]] = {"status": StatusResult, "warm": WarmResult,
-                                     "evict": EvictResult, "unpin": UnpinResult}
+                                     "evict": EvictResult, "unpin": UnpinResult,
+                                     "usage": UsageResult}
 
 
 def check_result(op: str, result: dict[str, Any]) -> dict[str, Any]:

@@ -15,7 +15,10 @@ mounts that root (or the site's `daemon_user`) mounted, through `tierfs warm` in
 subprocess (this module knows nothing of the control protocol). One deadline, the
 `timeout` setting, covers every step: the child and the warm are killed at it. The epilog
 runs `tierfs unpin --job ID` against each trusted mount on its own, in parallel, under the
-same kind of deadline, so one bad mount does not keep the others' pins.
+same kind of deadline, so one bad mount does not keep the others' pins; then it asks each
+(`tierfs usage --reader job:ID`) what the job read, ends its one line with it ("job 1234:
+read 812.0 GiB, 97% from cache, 14 s stalled on the store") and may append it to an
+accounting file as a JSON line.
 
 Best-effort by default: a prolog that exits non-zero drains the node, so a failed warm is
 logged and the prolog exits 0 (the job then reads from the bucket); `strict = true` in the
@@ -488,14 +491,107 @@ def epilog(settings: Settings, job: Job, log: Log) -> int:
         released += sum(_number(d.get("objects")) for d in _json_lines(out))
         if rc != 0:
             failed.append(f"{m.mountpoint}: {err or f'exit {rc}'}")
+    parts = []
     if failed:
         # a node is not worth draining for this: the pins left end with pin_ttl
-        log.line(f"user={job.user} unpinned {released} files; unpin FAILED on "
-                 f"{len(failed)} of {len(procs)} mounts (pins expire after pin_ttl): "
-                 f"{_shorten('; '.join(failed))}")
+        parts.append(f"unpinned {released} files; unpin FAILED on {len(failed)} of "
+                     f"{len(procs)} mounts (pins expire after pin_ttl): "
+                     f"{_shorten('; '.join(failed))}")
     elif released:
-        log.line(f"user={job.user} unpinned {released} files")
+        parts.append(f"unpinned {released} files")
+    usage = report_usage(settings, job, targets, deadline)
+    if usage:
+        parts.append(usage)
+    if parts:  # one line per job, the usage summary last
+        log.line(f"user={job.user} " + "; ".join(parts))
     return 0
+
+
+@dataclass(frozen=True)
+class JobUsage:
+    """What one job read through the node's trusted tierfs mounts (summed over them)."""
+    job: str
+    read: dict[str, int]  # source -> bytes
+    stall_s: float
+    mounts: tuple[str, ...]  # the mounts it read through
+
+    @property
+    def total(self) -> int:
+        return sum(self.read.values())
+
+    @property
+    def cached(self) -> int:
+        return self.read.get("memory", 0) + self.read.get("disk", 0)
+
+    def line(self) -> str:
+        """e.g. `job 1234: read 812.0 GiB, 97% from cache, 14 s stalled on the store`."""
+        pct = 100 * self.cached // self.total if self.total else 0
+        return (f"job {self.job}: read {format_size(self.total)}, {pct}% from cache, "
+                f"{self.stall_s:.0f} s stalled on the store")
+
+    def record(self, user: str, now: float) -> dict:
+        return {"time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now)),
+                "job": self.job, "user": user, "read_bytes": self.total,
+                "read": dict(self.read), "cached_bytes": self.cached,
+                "hit_ratio": round(self.cached / self.total, 4) if self.total else None,
+                "stall_s": round(self.stall_s, 3), "mounts": list(self.mounts)}
+
+
+def job_usage(job_id: str, answers: list[tuple[str, str]]) -> JobUsage:
+    """The `tierfs usage --reader job:ID --json` answers of the mounts, (mountpoint,
+    stdout) each, summed; an answer that is not one counts nothing."""
+    read: dict[str, int] = {}
+    stall, used = 0.0, []
+    for mountpoint, out in answers:
+        for d in _json_lines(out):
+            rows = d.get("rows")
+            for row in rows if isinstance(rows, list) else ():
+                if not isinstance(row, dict) or row.get("name") != f"job:{job_id}":
+                    continue
+                got = row.get("read") if isinstance(row.get("read"), dict) else {}
+                for src in ("memory", "disk", "peer", "backend"):
+                    read[src] = read.get(src, 0) + _number(got.get(src))
+                value = row.get("stall_s")
+                if isinstance(value, (int, float)) and not isinstance(value, bool) \
+                        and 0 <= value < float("inf"):
+                    stall += value
+                used.append(mountpoint)
+    return JobUsage(job_id, read, stall, tuple(used))
+
+
+def report_usage(settings: Settings, job: Job, targets: list[Mount], deadline: float) -> str:
+    """What the job read, for the epilog's line ("" if nothing), appended to the
+    accounting file too: asked of each mount in parallel, after the unpins; a mount that
+    fails (or keeps no usage) is left out of the sum."""
+    procs = [(m, _spawn(["usage", m.mountpoint, "--reader", f"job:{job.id}", "--json"]))
+             for m in targets]
+    answers = []
+    for m, proc in procs:
+        rc, out, _ = _finish(proc, deadline)
+        if rc == 0:
+            answers.append((m.mountpoint, out))
+    usage = job_usage(job.id, answers)
+    if not usage.total:
+        return ""  # the job read nothing through tierfs: nothing to account
+    if settings.accounting_file:
+        append_json_line(settings.accounting_file, usage.record(job.user, time.time()))
+    return usage.line()
+
+
+def append_json_line(path: str, record: dict) -> None:
+    """One JSON line at the end of the accounting file (0600, like the log: it names
+    users and jobs); a failure is one stderr line, never the epilog's failure."""
+    try:
+        os.makedirs(os.path.dirname(path) or ".", mode=0o755, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW
+                     | os.O_CLOEXEC | os.O_NOCTTY, 0o600)
+        try:
+            os.write(fd, (json.dumps(record, allow_nan=False) + "\n").encode())
+        finally:
+            os.close(fd)
+    except (OSError, ValueError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) else str(exc)
+        sys.stderr.write(f"tierfs-slurm: cannot write {escape(path)}: {why}\n")
 
 
 def _settings(args: argparse.Namespace) -> tuple[Settings, str]:
@@ -548,6 +644,7 @@ def _check(args: argparse.Namespace) -> int:
     print(f"strict = {str(settings.strict).lower()}\npin_ttl = {ttl}\n"
           f"timeout = {settings.timeout:g}s\nmax_bytes = {settings.max_bytes or 'no limit'}\n"
           f"log_file = {settings.log_file or '(stderr only)'}\n"
+          f"accounting_file = {settings.accounting_file or '(none)'}\n"
           f"scontrol = {settings.scontrol}\n"
           f"daemon_user = {settings.daemon_user or '(root only)'} "
           f"(mounts of uid {owners} are used)")
