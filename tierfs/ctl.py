@@ -448,6 +448,10 @@ def _unpin(args: argparse.Namespace) -> int:
 
 def _usage(args: argparse.Namespace) -> int:
     """`tierfs usage [MOUNT]`: one mount, or every tierfs mount of this node."""
+    fields: dict[str, object] = {"by": args.by, "forecast": args.forecast}
+    if args.reader:
+        fields["reader"] = args.reader
+    encode("usage", fields)  # a bad --reader is one error line before any mount is asked
     all_mounts = tierfs_mounts()
     if args.mountpoint:
         m, rel = locate(args.mountpoint, all_mounts)
@@ -461,9 +465,6 @@ def _usage(args: argparse.Namespace) -> int:
     status = 0
     for mount in targets:
         try:
-            fields: dict[str, object] = {"by": args.by, "forecast": args.forecast}
-            if args.reader:
-                fields["reader"] = args.reader
             res = request(mount, "usage", **fields)
         except ControlError as exc:
             sys.stderr.write(f"tierfs: error: {exc}\n")

@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import os
 import stat
+import subprocess
+import sys
 
 import pytest
 
@@ -71,3 +73,15 @@ def test_the_accounting_file_setting_is_an_absolute_path():
     assert slurm_settings({}).accounting_file is None
     with pytest.raises(UsageError, match="accounting-file .*absolute path"):
         slurm_settings({"accounting_file": "jobs.jsonl"})
+
+
+@pytest.mark.parametrize("argv, rc, text", [
+    (["--reader", "job:1\nforged"], 1, "tierfs: error: invalid reader 'job:1\\nforged': "),
+    (["--by", "host"], 2, "tierfs: error: argument --by: invalid choice: 'host'"),
+    (["/proc/no-such-mount"], 1, "tierfs: error: /proc/no-such-mount is not under a tierfs mount"),
+])
+def test_tierfs_usage_bad_input_is_one_error_line(argv, rc, text):
+    r = subprocess.run([sys.executable, "-m", "tierfs", "usage", *argv], capture_output=True,
+                       text=True, cwd="/")
+    assert r.returncode == rc and r.stdout == ""
+    assert r.stderr.startswith(text) and r.stderr.count("\n") == 1
