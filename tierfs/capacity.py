@@ -168,7 +168,7 @@ def forecast(samples: list[Sample], *, window_s: float = WEEK) -> Forecast:
         return Forecast(len(recent), span, last.level, last.budget, None, None,
                         "too few samples")
     per_day = slope([(s.t, float(s.level)) for s in recent]) * DAY
-    if last.budget and last.level >= last.budget:
+    if last.level >= last.budget:  # a budget of 0 (no room at all) is full too
         return Forecast(len(recent), span, last.level, last.budget, per_day, 0.0, "full")
     if per_day <= GROWING * max(last.budget, 1):
         return Forecast(len(recent), span, last.level, last.budget, per_day, None,
@@ -282,7 +282,7 @@ class CapacityHistory:
         s = Sample(now, self.cache.used_bytes, self.cache.bytes_of(pins),
                    self.cache.dirty_bytes, hot, self.cache.budget(), chunks=chunks,
                    fills=max(0, chunks - prev_chunks + evictions), evictions=evictions,
-                   tenants=dict(tenant_bytes()) if callable(tenant_bytes) else {})
+                   tenants=_tenant_bytes(tenant_bytes))
         await trio.to_thread.run_sync(self.store, s)
         return s
 
@@ -316,3 +316,14 @@ class CapacityHistory:
         now = self.clock()
         day, week = self.working_set.bytes(now - DAY), self.working_set.bytes(now - WEEK)
         return {t: (day.get(t, 0), week[t]) for t in sorted(week)}
+
+
+def _tenant_bytes(tenant_bytes: object) -> dict[str, int]:
+    """The cache's cached bytes per tenant, when it counts them (the quotas' cache does)."""
+    if not callable(tenant_bytes):
+        return {}
+    try:
+        return {str(k): int(v) for k, v in tenant_bytes().items()}
+    except (TypeError, ValueError, AttributeError):
+        log.warning("the cache's bytes per tenant are not a table of sizes: not sampled")
+        return {}

@@ -61,6 +61,8 @@ def test_a_level_at_the_budget_is_full_now():
     f = forecast(history([90 * GiB, 95 * GiB, 98 * GiB, 99 * GiB, 100 * GiB, 100 * GiB,
                           100 * GiB]))
     assert (f.verdict, f.days_to_full) == ("full", 0.0)
+    # a cache with no room at all (a budget of 0) is full, not "not growing"
+    assert forecast(history([0] * 8, budget=0)).verdict == "full"
 
 
 @pytest.mark.parametrize("samples", [
