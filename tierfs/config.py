@@ -34,6 +34,7 @@ from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Fi
                       ValidationError, model_validator)
 
 from .errors import UsageError
+from .tenants import Share, Tenant, TenantMap
 
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(?:([kmgtp])i?)?b?\s*$", re.IGNORECASE | re.ASCII)
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40, "p": 1 << 50}
@@ -384,6 +385,87 @@ def _abs_file_value(value: object) -> str | None:
     return text
 
 
+_PERCENT_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*%\s*$", re.ASCII)
+_TENANT_KEYS = ("prefixes", "soft", "hard", "max_idle", "pin_ttl")
+
+
+def _share_value(value: object) -> Share:
+    """"40%" -> a fraction of the budget; a size ("200G", or bytes) -> bytes."""
+    m = _PERCENT_RE.match(value) if isinstance(value, str) and len(value) <= 64 else None
+    if m:
+        return Share(fraction=float(Decimal(m.group(1)) / 100))
+    try:
+        n = _size_value(value)
+    except ValueError:
+        raise ValueError("expected a share of the cache like \"40%\" or a size like "
+                         "\"200G\"") from None
+    if n > MAX_CACHE_SIZE:
+        raise ValueError(f"must be at most {_show_size(MAX_CACHE_SIZE)}")
+    return Share(bytes=n)
+
+
+def _tenant_duration(value: object) -> float:
+    seconds = _duration_value(value)
+    return _ranged(0, MAX_DURATION, _show_duration, lo_open=True)(seconds)
+
+
+def _tenant(name: object, table: object) -> Tenant:
+    where = f"tenant {_show(name)}" if not isinstance(name, str) or _CONTROL.search(name) \
+        else f"tenant {name}"
+    if not isinstance(table, dict):
+        raise ValueError(f"{where}: expected a table like {{prefixes = [\"KEY/PREFIX/\"]}}")
+    fields: dict[str, Any] = {}
+    for raw_key, value in table.items():
+        key = str(raw_key).replace("-", "_")
+        if key not in _TENANT_KEYS or key in fields:
+            why = "given twice" if key in fields else f"unknown key (known: {', '.join(_TENANT_KEYS)})"
+            raise ValueError(f"{where}: {_show(raw_key)}: {why}")
+        try:
+            if key == "prefixes":
+                if isinstance(value, str) or not isinstance(value, (list, tuple)):
+                    raise ValueError("expected a list of key prefixes like [\"ckpt/vision/\"]")
+                fields[key] = tuple(value)
+            elif key in ("soft", "hard"):
+                fields[key] = _share_value(value)
+            else:
+                fields[key] = _tenant_duration(value)
+        except ValueError as exc:
+            raise ValueError(f"{where}: {key}: {exc}") from None
+    return Tenant(name=name, **fields)  # type: ignore[arg-type]  # Tenant checks the name
+
+
+def _tenants_value(value: object) -> TenantMap:
+    """A TOML table of tables ([tenants.NAME] in a mount's file) or the same as one inline
+    TOML string (`-o tenants={vision = {prefixes = ["ckpt/vision/"]}}`, CSI attributes)."""
+    if isinstance(value, TenantMap):
+        return value
+    if isinstance(value, str):
+        text = value.strip()
+        if len(text) > 64 * 1024:
+            raise ValueError("longer than 64 KiB")
+        like = 'an inline TOML table like {vision = {prefixes = ["ckpt/vision/"], soft = "40%"}}'
+        try:
+            doc = tomllib.loads(f"tenants = {text}") if text else {"tenants": {}}
+        except tomllib.TOMLDecodeError as exc:
+            raise ValueError(f"expected {like}: {exc}") from None
+        if set(doc) != {"tenants"}:  # more than one value: "{...}\nother = 1"
+            raise ValueError(f"expected {like}, and nothing after it")
+        value = doc["tenants"]
+    if not isinstance(value, dict):
+        raise ValueError("expected a table of tenants like {vision = {prefixes = "
+                         "[\"ckpt/vision/\"]}}")
+    return TenantMap(_tenant(name, table) for name, table in value.items())
+
+
+def parse_tenants(value: object) -> TenantMap:
+    """The `tenants` option's value (a dict from TOML, or an inline TOML string) ->
+    TenantMap; UsageError, one line naming the tenant and the field."""
+    try:
+        return _tenants_value(value)
+    except ValueError as exc:
+        raise UsageError(f"invalid tenants: {exc}") from None
+
+
 def _field(default: Any, kind: str, allowed: str, help: str, **kw: Any) -> Any:
     if "default_factory" not in kw:
         kw["default"] = default
@@ -546,6 +628,11 @@ class MountConfig(BaseModel):
         None, "path", "absolute path, mode 0600 or stricter", "TLS private key (PEM)")
     peer_tls_ca: Annotated[str | None, BeforeValidator(_abs_file_value)] = _field(
         None, "path", "absolute path", "CA certificates that sign the peers' certificates")
+    # who owns which keys, and their shares of the cache (docs/tenants.md)
+    tenants: Annotated[TenantMap, BeforeValidator(_tenants_value)] = _field(
+        TenantMap(), "tenants", "names `a-z 0-9 _ -`; keys `prefixes` `soft` `hard` "
+        "`max_idle` `pin_ttl`", "who owns which keys ([tenants.md](tenants.md)): prefixes, "
+        "cache shares, idle limit, pin TTL")
 
     def __init__(self, **data: Any) -> None:
         try:
@@ -564,7 +651,22 @@ class MountConfig(BaseModel):
         if self.meta_head_max_size is None:  # frozen: set once, here
             object.__setattr__(self, "meta_head_max_size", HEAD_ALL if self.allow_other else 0)
         self._check_peers()
+        self._check_tenants()
         return self
+
+    def _check_tenants(self) -> None:
+        for tenant in self.tenants:
+            try:
+                tenant.check_budget(self.cache_size)
+            except ValueError as exc:
+                raise ValueError(f"invalid tenants: {exc}") from None
+            for p in tenant.prefixes:
+                # keys are bucket keys: a prefix beside the source's can never match
+                if not (p.startswith(self.source.prefix) or self.source.prefix.startswith(p)):
+                    raise ValueError(
+                        f"invalid tenants: tenant {tenant.name}: prefixes: {_show(p)} is "
+                        f"outside the source's prefix {self.source.prefix!r} (prefixes are "
+                        f"bucket keys, the source's prefix included)")
 
     def _check_peers(self) -> None:
         set_here = sorted(n for n in self.model_fields_set
@@ -738,14 +840,57 @@ def parse_addr(text: str) -> tuple[str, int]:
         raise UsageError(f"invalid metrics-addr {_show(text)}: {exc}") from None
 
 
+_INLINE_TABLE_RE = re.compile(r"\s*tenants\s*=\s*\{", re.ASCII)
+
+
+def _split_o(item: str) -> list[str]:
+    """Split one -o argument at its commas, except inside the inline TOML table of
+    `tenants={...}` (its lists and tables have commas of their own)."""
+    parts: list[str] = []
+    i = 0
+    while i <= len(item):
+        m = _INLINE_TABLE_RE.match(item, i)
+        end = _table_end(item, m.end() - 1) if m else item.find(",", i)
+        if end < 0:
+            end = len(item)
+        parts.append(item[i:end])
+        i = end + 1
+    return parts
+
+
+def _table_end(text: str, start: int) -> int:
+    """Index just past the inline table opening at `start` (brackets counted outside TOML
+    strings); -1 when it does not close: the rest is the value, and TOML says what is
+    wrong with it."""
+    depth, i, quote = 0, start, ""
+    while i < len(text):
+        c = text[i]
+        if quote:
+            if c == "\\" and quote == '"':
+                i += 1
+            elif c == quote:
+                quote = ""
+        elif c in "\"'":
+            quote = c
+        elif c in "{[":
+            depth += 1
+        elif c in "}]":
+            depth -= 1
+            if depth == 0:
+                return text.find(",", i + 1)
+        i += 1
+    return -1
+
+
 def parse_o_options(items: list[str]) -> dict[str, object]:
     """['cache_size=5G,ro', ...] -> {'cache_size': '5G', 'read_only': True}.
 
     A name without a value is True; build_config accepts that for the boolean options only
-    (FLAG_OPTIONS) and tells the others they need a value."""
+    (FLAG_OPTIONS) and tells the others they need a value. `tenants={...}` is one value,
+    its commas included."""
     out: dict[str, object] = {}
     for item in items:
-        for part in item.split(","):
+        for part in _split_o(item):
             part = part.strip()
             if not part or part in _IGNORED_MOUNT_OPTIONS:
                 continue
@@ -815,6 +960,10 @@ def _check_toml_value(path: str, key: str, value: object) -> object:
     def bad(why: str) -> UsageError:
         return UsageError(f"{path}: {key}: {why}")
 
+    if kind == "tenants":  # [tenants.NAME] tables, or the inline string the -o form takes
+        if not isinstance(value, (dict, str)):
+            raise bad("expected tables [tenants.NAME] with prefixes = [...]")
+        return value
     if isinstance(value, (dict, list)) or not isinstance(value, (str, int, float)):
         raise bad("expected a string, number or boolean")
     if isinstance(value, bool):
@@ -937,7 +1086,8 @@ def slurm_settings(data: dict[str, object], prefix: str = "") -> SlurmSettings:
 _KIND_TEXT = {"size": "size: `\"500G\"` or bytes", "duration": "duration: `\"30s\"` or seconds",
               "int": "integer", "float": "number", "bool": "boolean", "path": "absolute path",
               "text": "string", "url": "string", "addr": "string", "choice": "string",
-              "mode": "string: octal `\"0644\"`"}
+              "mode": "string: octal `\"0644\"`",
+              "tenants": "tables `[tenants.NAME]` (or one inline table)"}
 
 
 def _default_text(name: str) -> str:
@@ -945,6 +1095,8 @@ def _default_text(name: str) -> str:
     kind = _kind(name)
     if f.default_factory is not None:
         return "the mounting user"
+    if kind == "tenants":
+        return "`default` owns every key"
     d = f.default
     if d is None or d == "":
         return {"endpoint_url": "AWS", "region": "botocore's", "log_file": "the journal (stderr)",
