@@ -15,6 +15,8 @@ Named databases (keys are ordered binary, big-endian integers first):
             metadata by HEAD
   pins      owner ("job:42", "manual") -> JSON {expires, objects: {oid hex: size}}:
             what `tierfs warm --pin` keeps from eviction, kept across restarts
+  usage     "tenant/<name>" or "reader/<job:N|pod:UID|uid:N>" -> JSON Tally (tierfs.usage):
+            bytes read by source and stall seconds, kept across restarts
   capacity  "5m/" or "1h/" + step (u64) -> JSON sample of the cache (tierfs.capacity):
             the downsampled history behind `tierfs usage --forecast`
 
@@ -479,6 +481,7 @@ class MetaStore:
         self._objects = self.env.open_db(b"objects")
         self._attrs = self.env.open_db(b"attrs")
         self._pins = self.env.open_db(b"pins")
+        self._usage = self.env.open_db(b"usage")
         self._capacity = self.env.open_db(b"capacity")
 
     def _schema(self) -> int | None:
@@ -881,6 +884,27 @@ class MetaStore:
     def pins(self) -> list[tuple[str, dict]]:
         with self.env.begin(db=self._pins) as txn:
             return [(bytes(k).decode(), json.loads(v)) for k, v in txn.cursor()]
+
+    # ---- usage -----------------------------------------------------------------------
+
+    def put_usage(self, puts: dict[str, dict], deletes: Iterable[str] = ()) -> None:
+        """Store usage records (tierfs.usage) and delete others, in one transaction."""
+        with self.env.begin(write=True, db=self._usage) as txn:
+            for key in deletes:
+                txn.delete(key.encode())
+            for key, record in puts.items():
+                txn.put(key.encode(), json.dumps(record).encode())
+
+    def usage(self) -> list[tuple[str, object]]:
+        """Every stored usage record; a record that is not JSON comes back as None."""
+        out: list[tuple[str, object]] = []
+        with self.env.begin(db=self._usage) as txn:
+            for k, v in txn.cursor():
+                try:
+                    out.append((bytes(k).decode(), json.loads(v)))
+                except ValueError:
+                    out.append((bytes(k).decode(errors="replace"), None))
+        return out
 
     # ---- capacity history (tierfs.capacity) -----------------------------------------
     # tier name + "/" + u64 step -> JSON sample; bounded by the caller, which drops a

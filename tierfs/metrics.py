@@ -98,6 +98,15 @@ class Metrics:
         self.peers_up = Gauge("tierfs_peers_up", "Peers this node currently asks for chunks",
                               registry=r)
 
+        # usage per tenant (docs/tenants.md): tenant names come from the mount's config, so
+        # the series are few; readers (jobs, pods, uids) are never label values
+        self.tenant_read_bytes = Counter("tierfs_tenant_read_bytes",
+                                         "Bytes returned to readers per tenant and source",
+                                         ["tenant", "source"], registry=r)
+        self.tenant_stall_seconds = Counter("tierfs_tenant_stall_seconds",
+                                            "Seconds reads waited on the object store or a peer",
+                                            ["tenant"], registry=r)
+
     def value(self, name: str, **labels: str) -> float:
         """The current value of one sample (0 if it was never set), e.g. for status."""
         return self.registry.get_sample_value(name, labels) or 0.0
