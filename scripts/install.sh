@@ -37,7 +37,9 @@ is_root() { [ "$(id -u)" = 0 ]; }
 # fuse3: fusermount3; libfuse3-dev pkg-config gcc (+ Python headers): pyfuse3 is sdist-only
 # on PyPI and is compiled at pip install time; ceph-*/radosgw/curl: scripts/ceph-rgw;
 # slurm*/munge: the single-node Slurm the prolog/epilog tests start; systemd (systemd-analyze),
-# systemd-container + debootstrap: unit checks and the real systemd inside systemd-nspawn.
+# systemd-container + debootstrap: unit checks and the real systemd inside systemd-nspawn;
+# prometheus: promtool checks the recording and alerting rules (docs/prometheus/);
+# chromium: renders `tierfs report --html` headless in its test.
 pkg_installed() {
   [ "$(dpkg-query -W -f='${db:Status-Status}' "$1" 2>/dev/null)" = installed ]
 }
@@ -63,7 +65,8 @@ if venv_ok; then NEW_VENV=0; BASE_PY=$VENV/bin/python; else NEW_VENV=1; BASE_PY=
 
 missing=()
 for p in fuse3 libfuse3-dev pkg-config ceph-mon ceph-osd ceph-common radosgw curl \
-         slurmctld slurmd slurm-client munge systemd systemd-container debootstrap; do
+         slurmctld slurmd slurm-client munge systemd systemd-container debootstrap \
+         prometheus chromium; do
   pkg_installed "$p" || missing+=("$p")
 done
 command -v gcc >/dev/null 2>&1 || pkg_installed gcc || missing+=(gcc)
