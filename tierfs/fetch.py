@@ -15,7 +15,9 @@ changed objects (PreconditionFailed, which the reader handles) are not remembere
 With --peers, a flight asks the chunk's owner among the peers first (tierfs/peers:
 verified bytes or None) and the backend only when the owner is this node or cannot give
 it. A chunk fetched for a peer (`for_peer`) always comes from the backend, so nodes whose
-peer lists disagree for a moment never send a request around in a circle.
+peer lists disagree for a moment never send a request around in a circle. A peer's chunk is
+also checked against the store's checksum where the object has one (tierfs/storecheck.py);
+a refuted one is fetched from the store, and its peer is blamed if the store's bytes differ.
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ import trio
 from .backend.runner import AsyncBackend
 from .cache import ChunkCache, ObjectVersion
 from .errors import BackendError, CacheUnwritable, PreconditionFailed, RecentFailure
-from .peers import PeerTier
+from .peers import PeerChunk, PeerTier
+from .storecheck import StoreChecks
 from .tasks import Tasks
 
 # long enough to cover the kernel's immediate re-asks of a failed read, short enough that
@@ -65,6 +68,7 @@ class Fetcher:
         self._stored_one = trio.Event()
         self._disk_writes = trio.Semaphore(disk_writers)  # chunk files written at once
         self.peers: PeerTier | None = None  # set by the core with --peers
+        self.store_checks = StoreChecks(backend, chunk_size)
 
     def chunk_length(self, obj: ObjectVersion, index: int) -> int:
         return max(0, min(self.chunk_size, obj.size - index * self.chunk_size))
@@ -78,13 +82,20 @@ class Fetcher:
         backend); on failure the flight is gone and settled."""
         flight = self._flights[ckey] = _Flight()
         try:
-            data = await self._from_peer(obj, index, ckey) if ask_peers else None
-            if data is not None:
+            got = await self._from_peer(obj, index, ckey) if ask_peers else None
+            refuted = None
+            if got is not None and not await self.store_checks.agree(obj, index, got.data):
+                refuted, got = got, None
+            if got is not None:
+                data = got.data
                 flight.source = "peer"
             else:
                 data = await self.backend.get(obj.key, index * self.chunk_size,
                                               self.chunk_length(obj, index), obj.etag,
                                               background=background, size=obj.size)
+                if refuted is not None and self.peers is not None and refuted.data != data:
+                    self.peers.refuted(refuted.peer, f"chunk {index} of {obj.key!r} differs "
+                                                     "from the store's checksum and bytes")
             if len(data) != self.chunk_length(obj, index):
                 # a shorter or longer body than the listed size: the object changed
                 raise PreconditionFailed(f"get {obj.key!r}: size differs from the listing")
@@ -101,12 +112,11 @@ class Fetcher:
         self._failed.pop(ckey, None)
         return flight, data
 
-    async def _from_peer(self, obj: ObjectVersion, index: int, ckey: bytes) -> bytes | None:
+    async def _from_peer(self, obj: ObjectVersion, index: int, ckey: bytes) -> PeerChunk | None:
         if self.peers is None:
             return None
-        reply = await self.peers.fetch(ckey, bucket=obj.bucket, key=obj.key, etag=obj.etag,
-                                       size=obj.size, index=index, chunk_size=self.chunk_size)
-        return None if reply is None else reply.data
+        return await self.peers.fetch(ckey, bucket=obj.bucket, key=obj.key, etag=obj.etag,
+                                      size=obj.size, index=index, chunk_size=self.chunk_size)
 
     def _remember_failure(self, ckey: bytes, exc: BackendError) -> None:
         now = trio.current_time()

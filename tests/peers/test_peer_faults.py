@@ -12,10 +12,11 @@ What a damaged reply can be caught by:
   - CRCs of the true bytes with a flipped body (`crc_before_flip`): the reader's CRC32C of
     each block differs from the signed header -> "corrupt";
   - CRCs computed over the flipped bytes and signed with the secret (`crc_after_flip`): the
-    reply is self-consistent; only a checksum from the store could tell (tierfs's per-chunk
-    CRC32Cs in the metadata of the objects it writes, tierfs/integrity.py). The reader does
-    not check a peer's chunk against them: docs/peers.md ("What is trusted") trusts a node
-    that holds the secret, so that case has no test here (it would serve the wrong bytes).
+    reply is self-consistent; only a checksum from the store can tell, and the reader checks
+    a peer's chunk against one where the object has it (tierfs/storecheck.py): tierfs's
+    per-chunk CRC32Cs in the metadata of the objects it writes (one HEAD per object
+    version), or the MD5 ETag of a one-chunk object. An object with neither (a multipart
+    object another client wrote) is taken on the owner's CRCs (docs/peers.md).
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ import sys
 import time
 
 import pytest
+
+from tierfs import integrity
 
 from cluster import (Checkpoint, FakePeer, HangingPeer, Misbehave, MiB, Obj, WrongEtagPeer,
                      payload, read_sha, sha256)
@@ -57,13 +60,14 @@ def _remount(c, node):
     return node
 
 
-def _assert_served_only_store_bytes(c, node, data: bytes, fake_asked: int) -> None:
+def _assert_served_only_store_bytes(c, node, data: bytes, fake_asked: int, *,
+                                    key: str = KEY) -> None:
     """The reader's cache holds the store's bytes for every chunk: after a remount (memory
     tier gone) the whole file reads back exact with no request to the store or a peer."""
     gets = node.counter("tierfs_backend_requests_total", op="get")
     assert gets >= 1
     _remount(c, node)
-    assert read_sha(node.path / KEY)[0] == sha256(data)
+    assert read_sha(node.path / key)[0] == sha256(data)
     assert node.counter("tierfs_backend_requests_total", op="get") == 0
     assert node.counter("tierfs_peer_requests_total", role="client") == 0
     assert fake_asked >= 1
@@ -87,6 +91,48 @@ def test_a_peer_serving_damaged_bytes_is_caught_and_never_cached(fleet, s3, buck
         assert node.counter("tierfs_peers_up") == 0
         asked = len(fake.asked)
     _assert_served_only_store_bytes(c, node, data, asked)
+
+
+def _lying_secret_holder(fleet, s3, bucket, key: str, size: int, *, crc_metadata: bool):
+    """A peer with the secret signs flipped bytes; the store's checksum catches it."""
+    secret = secrets.token_hex(32).encode()
+    data = payload("liar", size)
+    meta = {}
+    if crc_metadata:  # what tierfs puts on the objects it writes (1 MiB chunks, as read)
+        meta = integrity.chunk_crcs_metadata(
+            MiB, [integrity.crc32c(data[i:i + MiB]) for i in range(0, size, MiB)])
+        assert meta
+    s3.put_object(Bucket=bucket, Key=key, Body=data, Metadata=meta)
+    with FakePeer(secret, {key: data}, Misbehave("crc_after_flip")) as fake:
+        c = fleet(1, secret=secret, extra_args=CHUNK_ARGS, extra_peers=[fake.addr])
+        node = c.nodes[0]
+        assert read_sha(node.path / key)[0] == sha256(data)
+        assert len(fake.asked) >= 1
+        # the reply passed the signature and block CRCs; the store's checksum refuted it,
+        # the store's bytes confirmed: counted corrupt, marked down, nothing from the peer
+        assert node.counter("tierfs_peer_requests_total", role="client", result="corrupt") >= 1
+        assert node.counter("tierfs_read_bytes_total", source="peer") == 0
+        assert node.counter("tierfs_peers_up") == 0
+        heads = node.counter("tierfs_backend_requests_total", op="head")
+        asked = len(fake.asked)
+    return c, node, data, asked, heads
+
+
+def test_a_secret_holder_signing_wrong_bytes_is_caught_by_tierfs_chunk_crcs(fleet, s3, bucket):
+    # a 32-chunk object with tierfs's per-chunk CRC32Cs: one HEAD learns them
+    c, node, data, asked, heads = _lying_secret_holder(fleet, s3, bucket, KEY, SIZE,
+                                                       crc_metadata=True)
+    assert 1 <= heads <= 2  # one per object version (a second only if the first failed)
+    _assert_served_only_store_bytes(c, node, data, asked, key=KEY)
+
+
+def test_a_secret_holder_signing_wrong_bytes_is_caught_by_an_md5_etag(fleet, s3, bucket):
+    # a one-chunk object: its single-part ETag is the MD5 of its bytes, no HEAD needed
+    key = "rl/env-0001.tar"
+    c, node, data, asked, heads = _lying_secret_holder(fleet, s3, bucket, key, MiB // 2,
+                                                       crc_metadata=False)
+    assert heads == 0
+    _assert_served_only_store_bytes(c, node, data, asked, key=key)
 
 
 def test_a_peer_that_knows_another_etag_is_not_used(fleet, s3, bucket):

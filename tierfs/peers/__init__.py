@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 
 from ..metrics import Metrics
 from .client import PeerClient
@@ -30,13 +31,21 @@ from .wire import (ChunkReply, ChunkRequest, PeerCorrupt, PeerError, PeerRefused
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ChunkReply", "ChunkRequest", "Membership", "Peer", "PeerClient", "PeerServer",
-           "PeerTier"]
+__all__ = ["ChunkReply", "ChunkRequest", "Membership", "Peer", "PeerChunk", "PeerClient",
+           "PeerServer", "PeerTier"]
 
 # one log line per peer and kind of failure per minute: an outage of a peer is seen, a
 # storm of reads through it does not flood the log
 _LOG_EVERY_S = 60.0
 TIMEOUT_STRIKES = 3  # timeouts in a row, with no answer between, before a peer is down
+
+
+@dataclass(frozen=True)
+class PeerChunk:
+    """A verified chunk and the peer that gave it (to blame if the store refutes it)."""
+
+    peer: Peer
+    data: bytes | bytearray | memoryview
 
 
 class PeerTier:
@@ -54,7 +63,7 @@ class PeerTier:
         return self.members.owner(ckey)
 
     async def fetch(self, ckey: bytes, *, bucket: str, key: str, etag: str, size: int,
-                    index: int, chunk_size: int) -> ChunkReply | None:
+                    index: int, chunk_size: int) -> PeerChunk | None:
         """Chunk `index` of (bucket, key, etag) from its owner, verified; None when this
         node should ask the store."""
         peer = self.members.owner(ckey)
@@ -64,7 +73,7 @@ class PeerTier:
             req = ChunkRequest(bucket, key, etag, size, index, chunk_size)
             reply = await self.client.fetch(peer, req, timeout_s=self.timeout_s)
             self._timeouts.pop(peer, None)
-            return reply
+            return PeerChunk(peer, reply.data)
         except PeerRefused as exc:
             # the owner answered: it is up, it just cannot give this chunk (404 not its
             # bucket, 409 it knows another ETag, 412 the store said changed, 503 busy)
@@ -83,6 +92,15 @@ class PeerTier:
             self._log(peer, exc, logging.WARNING)
         self.metrics.peers_up.set(len(self.members.live()))
         return None
+
+    def refuted(self, peer: Peer, why: str) -> None:
+        """A chunk `peer` signed turned out not to be the object's bytes (the store's checksum
+        and the store's own bytes say otherwise): the peer holds the secret and lies, or its
+        cache is damaged past its own checks. Counted as a corrupt reply, marked down."""
+        self.metrics.peer_requests.labels(role="client", result=PeerCorrupt.result).inc()
+        self.members.mark_down(peer)
+        self.metrics.peers_up.set(len(self.members.live()))
+        self._log(peer, PeerCorrupt(why), logging.WARNING)
 
     def status(self) -> dict:
         """For `tierfs status`: the membership and the requests by role and result."""
