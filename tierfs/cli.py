@@ -123,9 +123,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="succeed quietly when nothing is mounted (systemd's ExecStopPost=)")
     # the other subcommands live with what they drive; each registers its parsers and
     # sets `run` (a function of the parsed args that returns the exit status)
-    from . import ctl, fsck, slurm
+    from . import ctl, fsck, gc, slurm
 
-    for module in (ctl, slurm, fsck):
+    for module in (ctl, slurm, fsck, gc):
         module.add_parsers(sub)
     return p
 
