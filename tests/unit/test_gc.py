@@ -11,8 +11,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -281,3 +283,50 @@ def test_bad_arguments_and_roots_are_one_line(tmp_path):
 def test_the_default_root_is_where_mounts_put_their_cache_dirs(tmp_path):
     cfg = build_config("s3://bucket/data", str(tmp_path), {})
     assert os.path.dirname(cfg.effective_cache_dir) == DEFAULT_ROOT
+
+
+def test_while_gc_holds_a_dir_no_daemon_can_take_it_and_gc_leaves_a_held_dir(tmp_path):
+    from tierfs.errors import StartupError
+    from tierfs.gc import _lock
+
+    d = cache_dir(tmp_path, "c")
+    fd = _lock(str(d), create=False)  # what gc holds while it judges and removes a dir
+    assert fd is not None
+    try:
+        with pytest.raises(StartupError, match="in use by another tierfs"):
+            daemon_lock(d)
+    finally:
+        os.close(fd)
+    assert (d / "lock").read_text() == "4242\n"  # gc wrote nothing into it
+    held = daemon_lock(d)
+    try:
+        with pytest.raises(BlockingIOError):
+            _lock(str(d), create=False)
+    finally:
+        os.close(held)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as a second user")
+def test_a_user_collects_only_dirs_of_their_own():
+    top = tempfile.mkdtemp(prefix="tierfs-gc-", dir="/tmp")  # tmp_path is root's alone
+    try:
+        os.chmod(top, 0o755)
+        root = Path(top) / "root"
+        root.mkdir(mode=0o700)
+        age(cache_dir(root, "roots"), 10)  # root's, in the user's root: not the user's call
+        mine = cache_dir(root, "mine")
+        for where, dirs, files in os.walk(root):
+            for name in [".", *dirs, *files]:
+                p = os.path.join(where, name)
+                if "roots" not in os.path.relpath(p, root).split(os.sep):
+                    os.chown(p, NOBODY, NOBODY)
+        age(mine, 10)
+        r = subprocess.run(["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}",
+                            "--clear-groups", sys.executable, "-m", "tierfs", "gc",
+                            "--cache-root", str(root)], capture_output=True, text=True,
+                           timeout=60, cwd="/")
+        assert r.returncode == 0 and r.stderr == "", r
+        assert sorted(os.listdir(root)) == ["roots"]
+        assert "skip: " in r.stdout and "belongs to uid 0" in r.stdout, r.stdout
+    finally:
+        shutil.rmtree(top)
