@@ -169,8 +169,10 @@ class ControlServer:
                 "dirty_bytes": c.dirty_bytes, "uploads_pending": self._uploads_pending(),
                 # degraded mode (tierfs/health.py): False while the object store does not answer
                 "backend_up": m.value("tierfs_backend_up") == 1,
-                "backend_requests": {op: m.value("tierfs_backend_requests_total", op=op)
-                                     for op in ("get", "list", "head", "put")},
+                # every op the backends count, not a fixed few: a multipart upload is
+                # mpu_create + upload_part + mpu_complete, never a put
+                "backend_requests": _per_op(m, "tierfs_backend_requests_total"),
+                "backend_errors": _per_op(m, "tierfs_backend_errors_total"),
                 "peers": None if self.peers is None else self.peers.status()}
 
     async def warm(self, req: WarmRequest, send: Any) -> dict:
@@ -316,6 +318,21 @@ async def _read_line(stream: trio.SocketStream) -> bytes:
     if idle.cancelled_caught:
         raise UsageError(f"no complete request within {IDLE_TIMEOUT_S:g}s")
     return bytes(buf[:buf.index(b"\n")])
+
+
+# ops a status reader has always found, counted or not (the rest appear once they happen)
+_STATUS_OPS = ("get", "list", "head", "put")
+
+
+def _per_op(m: Metrics, name: str) -> dict[str, float]:
+    """{op: count} of a backend counter: the ops above plus every op label it has a
+    sample for (the runner labels each request with its op: tierfs/backend/runner.py)."""
+    counts = dict.fromkeys(_STATUS_OPS, 0.0)
+    for family in m.registry.collect():
+        for s in family.samples:
+            if s.name == name:
+                counts[s.labels["op"]] = s.value
+    return counts
 
 
 def _ratio(part: float, whole: float) -> float | None:

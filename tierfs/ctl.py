@@ -251,6 +251,13 @@ def _report_errors(result: dict) -> None:
 # ---- commands ----------------------------------------------------------------------------
 
 
+def _counts_row(rows: list[tuple[str, str]], what: str, counts: dict[str, float]) -> None:
+    """One "what: 3 get, 1 list" row of the non-zero counts, none if all are zero."""
+    shown = sorted((k, n) for k, n in counts.items() if n)
+    if shown:
+        rows.append(("", f"{what}: " + ", ".join(f"{n:.0f} {k}" for k, n in shown)))
+
+
 def _status(args: argparse.Namespace) -> int:
     mounts = tierfs_mounts()
     m, rel = locate(args.mountpoint, mounts)
@@ -280,6 +287,8 @@ def _status(args: argparse.Namespace) -> int:
     if "backend_up" in st:  # a daemon from before degraded mode does not say
         rows.append(("object store", "answering" if st["backend_up"] else
                      "NOT ANSWERING: degraded, serving what is cached (uncached reads EIO)"))
+    for field, what in (("backend_requests", "requests"), ("backend_errors", "errors")):
+        _counts_row(rows, what, st.get(field, {}))  # errors: absent from older daemons
     peers = st.get("peers")
     if peers:  # None without --peers (and absent from a daemon from before the peer tier)
         rows.append(("peers", f"{peers['source']}: {len(peers['up'])} up, "
@@ -287,10 +296,7 @@ def _status(args: argparse.Namespace) -> int:
         if peers["down"]:
             rows.append(("", "down: " + ", ".join(peers["down"])))
         for role, what in (("client", "asked"), ("server", "answered")):
-            counts = peers["requests"][role]
-            if counts:
-                rows.append(("", f"{what}: " + ", ".join(f"{n:.0f} {r}" for r, n in
-                                                         sorted(counts.items()))))
+            _counts_row(rows, what, peers["requests"][role])
         rows.append(("", f"chunk bytes: {format_size(peers['bytes']['in'])} in, "
                          f"{format_size(peers['bytes']['out'])} out"))
     for k, v in rows:
