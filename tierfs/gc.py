@@ -123,7 +123,8 @@ class Report:
         return {"root": self.root, "dry_run": self.dry_run, "min_age_days": self.min_age_days,
                 "dirs": [asdict(v) for v in self.dirs], "bytes_freed": self.freed,
                 "removed": self.count("remove"), "cleaned": self.count("clean"),
-                "kept": self.count("keep") + self.count("clean"), "kept_unsaved": self.kept_unsaved,
+                "kept": self.count("keep") + self.count("clean"),
+                "kept_unsaved": self.kept_unsaved,
                 "skipped": self.count("skip"), "errors": self.count("error")}
 
 
@@ -245,13 +246,17 @@ def _holder(cache_dir: str) -> str:
 
 def judge(cache_dir: str, min_age_s: float, now: float, dry_run: bool, trash: str) -> Verdict:
     """Judge one cache dir under its lock and, unless dry_run, act on it."""
-    idle_s = now - last_used(cache_dir)  # before the lock: creating one marks the dir
-    idle_days = round(idle_s / 86400, 2)
     try:
-        fd = _lock(cache_dir, create=not dry_run)
+        fd = _lock(cache_dir, create=False)
+        # under the lock no mount can use the dir any more; and before a lock file gc
+        # creates (for a dir no daemon ever locked) changes the dir's mtime
+        idle_s = now - last_used(cache_dir)
+        if fd is None and not dry_run:
+            fd = _lock(cache_dir, create=True)
     except BlockingIOError:
-        return Verdict(cache_dir, "keep", f"in use by a running tierfs (pid {_holder(cache_dir)}): "
-                       "its source is mounted", idle_days=idle_days)
+        return Verdict(cache_dir, "keep", f"in use by a running tierfs (pid {_holder(cache_dir)})"
+                       ": its source is mounted")
+    idle_days = round(idle_s / 86400, 2)
     try:
         return _judge_locked(cache_dir, idle_s, idle_days, min_age_s, dry_run, trash)
     finally:
