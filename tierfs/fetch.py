@@ -26,6 +26,7 @@ import trio
 
 from .backend.runner import AsyncBackend
 from .cache import ChunkCache, ObjectVersion
+from .cache.disk import REUSE_MIN
 from .errors import BackendError, CacheUnwritable, PreconditionFailed, RecentFailure
 from .peers import PeerChunk, PeerTier
 from .storecheck import StoreChecks
@@ -90,9 +91,7 @@ class Fetcher:
                 data = got.data
                 flight.source = "peer"
             else:
-                data = await self.backend.get(obj.key, index * self.chunk_size,
-                                              self.chunk_length(obj, index), obj.etag,
-                                              background=background, size=obj.size)
+                data = await self._from_store(obj, index, background)
                 if refuted is not None and self.peers is not None and refuted.data != data:
                     self.peers.refuted(refuted.peer, f"chunk {index} of {obj.key!r} differs "
                                                      "from the store's checksum and bytes")
@@ -111,6 +110,29 @@ class Fetcher:
             flight.done.set()
         self._failed.pop(ckey, None)
         return flight, data
+
+    async def _from_store(self, obj: ObjectVersion, index: int,
+                          background: bool) -> bytes | memoryview:
+        """A chunk from the store: a big one into a reused buffer of the disk tier (a fresh
+        8 MiB buffer per GET page-faults in, and its memory-tier entry could not be reused
+        for the next read: bench/README.md), a small one into new bytes (a 1 MiB mapping
+        per small file would waste address space and map count)."""
+        start, length = index * self.chunk_size, self.chunk_length(obj, index)
+        if length < REUSE_MIN:
+            return await self.backend.get(obj.key, start, length, obj.etag,
+                                          background=background, size=obj.size)
+        view = self.cache.disk.read_buffer(length)
+        owner = view.obj
+        try:
+            n = await self.backend.get_into(obj.key, start, view, obj.etag,
+                                            background=background, size=obj.size)
+            data = view[:n].toreadonly()
+        except BaseException:
+            view.release()
+            self.cache.disk.reuse(owner)  # nothing of it was handed out
+            raise
+        view.release()  # the read-only view keeps the buffer from reuse while it lives
+        return data
 
     async def _from_peer(self, obj: ObjectVersion, index: int, ckey: bytes) -> PeerChunk | None:
         if self.peers is None:

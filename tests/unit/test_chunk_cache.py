@@ -92,7 +92,7 @@ async def test_short_last_chunk_reads_back_exactly(root):
 async def test_evicted_buffers_serve_later_reads_but_never_under_a_reader(root, monkeypatch):
     from tierfs.cache import disk as disk_mod
     monkeypatch.setattr(disk_mod, "_NOWAIT_MAX", 0)  # every read in read_blocks...
-    monkeypatch.setattr(disk_mod, "_REUSE_MIN", BS)  # ...into a reused buffer
+    monkeypatch.setattr(disk_mod, "REUSE_MIN", BS)  # ...into a reused buffer
     rig = make_cache(root, cache_size=64 * CHUNK, memory_bytes=2 * CHUNK)
     try:
         chunks = {i: chunk_data(i) for i in range(6)}

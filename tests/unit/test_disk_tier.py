@@ -159,7 +159,7 @@ def test_open_files_are_bounded_and_closed_when_chunks_go(tmp_path):
 
 @pytest.fixture
 def reusing(monkeypatch):
-    monkeypatch.setattr(disk_mod, "_REUSE_MIN", BS)  # every read goes into a reused buffer
+    monkeypatch.setattr(disk_mod, "REUSE_MIN", BS)  # every read goes into a reused buffer
 
 
 def test_a_read_buffer_is_reused_only_once_no_view_of_it_is_left(disk, reusing):

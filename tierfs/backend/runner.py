@@ -204,6 +204,16 @@ class AsyncBackend:
         self.metrics.backend_bytes.inc(len(data))
         return data
 
+    async def get_into(self, key: str, start: int, buf: memoryview, etag: str | None, *,
+                       background: bool = False, size: int | None = None) -> int:
+        """`get` into a buffer the caller gives (its body's length back): the fetcher's
+        reused buffers. The worker thread is never abandoned (trio.to_thread's default), so
+        nothing writes into `buf` once this returns or raises, cancelled or not."""
+        fn = functools.partial(self.sync.get_into, key, start, buf, etag, size=size)
+        n = await self._call("get", fn, background, key=key, offset=start)
+        self.metrics.backend_bytes.inc(n)
+        return n
+
     async def warm_get(self, fn: Callable[[], T], nbytes: int, *, key: str = "",
                        offset: int | None = None) -> T:
         """A GET on the warm lane, made inside fn (with self.sync.get_into), so that the

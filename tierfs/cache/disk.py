@@ -42,7 +42,7 @@ _POOLED = 4  # aligned buffers kept for reuse (the Fetcher runs 4 disk writes at
 _NOWAIT_MAX = 256 << 10  # bigger reads go to a worker thread: they would stall the trio
 #                          thread for milliseconds, and one hand-off per 8 MiB is cheap
 _FDS_MAX = 256  # chunk files kept open (a 2 GiB working set of 8 MiB chunks)
-_REUSE_MIN = 1 << 20  # reads this big go into reused buffers (sizes: multiples of this)
+REUSE_MIN = 1 << 20  # reads this big go into reused buffers (sizes: multiples of this)
 _REUSE_KEEP = 4  # idle read buffers kept (the Prefetcher loads a few chunks at once)
 _RWF_NOWAIT = getattr(os, "RWF_NOWAIT", 0)
 
@@ -193,7 +193,7 @@ class _ReadBuffers:
         self._count = 0
 
     def take(self, size: int) -> _ReadBuffer:
-        cap = -(-size // _REUSE_MIN) * _REUSE_MIN
+        cap = -(-size // REUSE_MIN) * REUSE_MIN
         with self._lock:
             free = self._free.get(cap)
             if free:
@@ -344,7 +344,7 @@ class DiskTier:
             h = self._fds.open(ckey, self.path(ckey))
         except FileNotFoundError:
             raise CacheCorrupt(f"chunk file {chunk_name(ckey)} is missing") from None
-        if want < _REUSE_MIN:
+        if want < REUSE_MIN:
             try:
                 # a pread into new bytes costs half a preadv into a bytearray (zeroed first)
                 buf = os.pread(h.fd, want, start)
@@ -371,6 +371,13 @@ class DiskTier:
         out = view.toreadonly()
         view.release()
         return out
+
+    def read_buffer(self, size: int) -> memoryview:
+        """A writable view of `size` bytes of a reused read buffer (size >= REUSE_MIN), for a
+        GET's body (tierfs/fetch.py): a memory-tier entry of it comes back through `reuse`
+        like a disk read's, so a cold pass does not page-fault fresh memory in per chunk
+        either. Release the writable view once filled; hand out read-only views only."""
+        return memoryview(self._reads.take(size))[:size]
 
     def reuse(self, owner: object) -> None:
         """`owner` (the object a released memory-tier view was of) may serve another read,
