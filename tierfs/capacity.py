@@ -2,7 +2,7 @@
 
 A supervised service (`CapacityHistory.run`) samples the cache every 5 minutes: bytes
 used, pinned, dirty, hot (touched in the last day, outside pins), the budget, per-tenant
-cached bytes when the cache knows them, and the fill and eviction counters. Samples are
+cached bytes (the cache's own count), and the fill and eviction counters. Samples are
 kept in the index's `capacity` db, downsampled so the history stays bounded whatever the
 uptime: every sample of the last 24 h, the last sample of each hour for 30 days
 (TIERS; at most 288 + 720 records).
@@ -271,7 +271,6 @@ class CapacityHistory:
         self._tenants = {oid: t for oid, t in self._tenants.items() if oid in live}
         pins = self.cache.pins.objects()
         hot = sum(self.working_set.bytes(now - DAY, skip=lambda k: k[:16] in pins).values())
-        tenant_bytes = getattr(self.cache, "tenant_bytes", None)  # with the quotas
         chunks = self.cache.chunk_count
         evicted = self.metrics.value("tierfs_cache_evictions_total")
         # no fill counter: the chunk count grew by the fills less what was dropped, so
@@ -282,7 +281,7 @@ class CapacityHistory:
         s = Sample(now, self.cache.used_bytes, self.cache.bytes_of(pins),
                    self.cache.dirty_bytes, hot, self.cache.budget(), chunks=chunks,
                    fills=max(0, chunks - prev_chunks + evictions), evictions=evictions,
-                   tenants=_tenant_bytes(tenant_bytes))
+                   tenants={t: b.cached for t, b in self.cache.tenant_bytes().items()})
         await trio.to_thread.run_sync(self.store, s)
         return s
 
@@ -316,14 +315,3 @@ class CapacityHistory:
         now = self.clock()
         day, week = self.working_set.bytes(now - DAY), self.working_set.bytes(now - WEEK)
         return {t: (day.get(t, 0), week[t]) for t in sorted(week)}
-
-
-def _tenant_bytes(tenant_bytes: object) -> dict[str, int]:
-    """The cache's cached bytes per tenant, when it counts them (the quotas' cache does)."""
-    if not callable(tenant_bytes):
-        return {}
-    try:
-        return {str(k): int(v) for k, v in tenant_bytes().items()}
-    except (TypeError, ValueError, AttributeError):
-        log.warning("the cache's bytes per tenant are not a table of sizes: not sampled")
-        return {}

@@ -40,7 +40,6 @@ from .protocol import (IDLE_TIMEOUT_S, MAX_REQUEST, PROTOCOL, EvictRequest, Requ
 from .warm import Warmer
 
 if TYPE_CHECKING:
-    from .meta import MetaStore
     from .usage import Tally, Usage
 
 log = logging.getLogger(__name__)
@@ -220,14 +219,11 @@ class ControlServer:
             tally = self.usage.reader(req.reader)
             result["rows"] = [] if tally is None else [_row(req.reader, tally)]
         elif req.by == "tenant":
-            tenant_of = self.capacity.tenant_of if self.capacity else (lambda key: "default")
-            cached, pinned = await trio.to_thread.run_sync(
-                tenant_shares, c.meta, set(pins), tenant_of)
-            live = getattr(c, "tenant_bytes", None)  # exact, once the cache attributes chunks
-            if callable(live):
-                cached, result["cached_from"] = dict(live()), "cache"
-            else:
-                result["cached_from"] = "index"
+            # the cache's own per-tenant count: exact, no walk of the index
+            shares = c.tenant_bytes()
+            cached = {t: b.cached for t, b in shares.items()}
+            pinned = {t: b.pinned for t, b in shares.items()}
+            result["cached_from"] = "cache"
             tallies = self.usage.by_tenant()
             result["rows"] = [
                 {**_row(name, tallies.get(name)), "cached": cached.get(name, 0),
@@ -257,27 +253,6 @@ def _row(name: str, t: "Tally | None") -> dict:
     return {"name": name, "read": dict(t.read), "stall_s": round(t.stall_s, 3),
             "hit_ratio": None if ratio is None else round(ratio, 4),
             "first": t.first, "last": t.last}
-
-
-def tenant_shares(meta: "MetaStore", pinned_oids: set[bytes], tenant_of: Callable[[str], str]
-                  ) -> tuple[dict[str, int], dict[str, int]]:
-    """(cached bytes, pinned bytes) per tenant, from the chunk index and the objects db
-    (read-only, in a worker thread; the index is at most a second behind the cache). For
-    a cache that does not attribute its chunks to tenants itself."""
-    cached: dict[str, int] = {}
-    pinned: dict[str, int] = {}
-    tenants: dict[bytes, str] = {}
-    for ckey, rec in meta.chunks():
-        oid = ckey[:16]
-        tenant = tenants.get(oid)
-        if tenant is None:
-            info = meta.object_info(oid)
-            tenant = tenants[oid] = tenant_of(info["key"]) if info and "key" in info \
-                else "default"
-        cached[tenant] = cached.get(tenant, 0) + rec.length
-        if oid in pinned_oids:
-            pinned[tenant] = pinned.get(tenant, 0) + rec.length
-    return cached, pinned
 
 
 _OPS: dict[type[Request], Callable[..., Any]] = {

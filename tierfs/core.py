@@ -141,7 +141,7 @@ async def build_core(cfg: MountConfig, backend: Backend | AsyncBackend, *,
                           high=cfg.evict_high, low=cfg.evict_low, half_life=cfg.heat_half_life,
                           statvfs=statvfs)
         memory = MemoryTier(cfg.memory_cache_size)
-        cache = ChunkCache(meta, disk, memory, evictor, metrics, clock=clock)
+        cache = ChunkCache(meta, disk, memory, evictor, metrics, clock=clock, tenants=cfg.tenants)
         kept, dropped = await trio.to_thread.run_sync(cache.recover)
         log.info("cache dir %s: %d chunks (%d bytes) kept, %d dropped", cache_dir, kept,
                  cache.used_bytes, dropped)
@@ -256,6 +256,8 @@ def _start_services(core: Core) -> None:
         tasks.supervise("uploader", core.writeback.run_uploader)
     tasks.supervise("orphan-cleanup", _then_idle, core.writeback.abort_orphaned_uploads)
     tasks.supervise("pin-expiry", _expire_pins, core.cache)
+    if core.cache.idle_sweep_interval() is not None:  # a tenant has a max_idle
+        tasks.supervise("idle-sweep", core.cache.run_idle_sweeper)
     tasks.supervise("stall-watch", core.backend.watch_stalls)
     if core.backend.health is not None:
         tasks.supervise("health-probe", core.backend.health.run)

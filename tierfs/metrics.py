@@ -106,6 +106,10 @@ class Metrics:
         self.tenant_stall_seconds = Counter("tierfs_tenant_stall_seconds",
                                             "Seconds reads waited on the object store or a peer",
                                             ["tenant"], registry=r)
+        # kind: cached (chunks on disk), pinned (of those), dirty (unsaved writes)
+        self.tenant_cache_bytes = Gauge("tierfs_tenant_cache_bytes",
+                                        "Bytes of the cache per tenant and kind",
+                                        ["tenant", "kind"], registry=r)
 
     def value(self, name: str, **labels: str) -> float:
         """The current value of one sample (0 if it was never set), e.g. for status."""

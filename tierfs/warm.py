@@ -8,15 +8,18 @@ never a HEAD per file.
 
 Then, in order:
 1. the set's size is checked against what the cache can hold (the budget at the low
-   watermark, less what others pin and unsaved writes): a set that cannot fit is refused
-   before anything is fetched, instead of evicting its own head while fetching its tail;
+   watermark, less what others pin and unsaved writes), and the part of each tenant
+   against that tenant's hard share (less what others pin of it and its unsaved writes):
+   a set that cannot fit is refused before anything is fetched, instead of evicting its
+   own head while fetching its tail;
 2. the set is pinned for the duration of the warm (a transient owner), so the warm's
    later fills never evict its earlier ones;
 3. every chunk not already on disk is fetched on the backend's warm lane by
    `concurrency` workers; chunks already cached cost nothing, which is what makes a
    rerun resume where the last one stopped;
-4. with a pin owner the set stays pinned afterwards; the chunk index is flushed so a
-   daemon restart keeps what was warmed.
+4. with a pin owner the set stays pinned afterwards (without a TTL, each file gets its
+   tenant's pin_ttl, if it has one); the chunk index is flushed so a daemon restart keeps
+   what was warmed.
 
 Failures are the client's to read, never the daemon's to die of: a path that cannot be
 listed or fetched is an entry in the result's `errors` and the warm goes on with the
@@ -214,6 +217,38 @@ class Warmer:
                f"pinned by others and {format_size(dirty)} of unsaved writes")
         return room, why
 
+    def over_hard(self, files: list[ObjectVersion]) -> str | None:
+        """Why the set would pass a tenant's hard share, with the numbers; None if none."""
+        by_tenant: dict[str, dict[bytes, int]] = {}
+        for obj in files:
+            by_tenant.setdefault(self.cache.tenant_of(obj), {})[obj.oid] = obj.size
+        shares = self.cache.tenant_bytes()
+        for tenant, objects in sorted(by_tenant.items()):
+            share = self.cache.hard_share(tenant)
+            if share is None:
+                continue
+            size = sum(objects.values())
+            pinned = self.cache.pinned_bytes(tenant, exclude=objects)
+            dirty = shares[tenant].dirty
+            if size + pinned + dirty > share:
+                hard = self.cache.tenants.get(tenant).hard
+                return (f"the warm set's files of tenant {tenant} are {format_size(size)} "
+                        f"({len(objects)} files) but its hard share is {hard} = "
+                        f"{format_size(share)} of the {format_size(self.cache.budget())} "
+                        f"budget, less {format_size(pinned)} it pins otherwise and "
+                        f"{format_size(dirty)} of its unsaved writes: warm less, unpin "
+                        f"something of {tenant}, or raise its hard share")
+        return None
+
+    def pin_ttls(self, files: list[ObjectVersion]) -> dict[bytes, float]:
+        """oid -> its tenant's pin_ttl, for the files whose tenant has one."""
+        out = {}
+        for obj in files:
+            ttl = self.cache.tenants.get(self.cache.tenant_of(obj)).pin_ttl
+            if ttl:
+                out[obj.oid] = ttl
+        return out
+
     # ---- commands --------------------------------------------------------------------
 
     async def warm(self, patterns: list[str], *, check: bool = False, pin_owner: str | None = None,
@@ -259,11 +294,12 @@ class Warmer:
         total = sum(obj.size for _, obj in ws.files)
         before = sum(self.cached_bytes(obj) for _, obj in ws.files)
         room, why = self.room_for(ws.objects)
+        over = self.over_hard([obj for _, obj in ws.files])
         errors = list(ws.errors)
         state.update(phase="fetching", files=len(ws.files), bytes=total,
                      bytes_cached_before=before, bytes_done=before, error_count=len(errors))
         summary = {"files": len(ws.files), "bytes": total, "bytes_cached_before": before,
-                   "unsaved_files": ws.unsaved, "fits": total <= room}
+                   "unsaved_files": ws.unsaved, "fits": total <= room and over is None}
         if check:
             return {**summary, "bytes_fetched": 0, "errors": errors[:MAX_REPORTED_ERRORS],
                     "error_count": len(errors)}
@@ -271,6 +307,8 @@ class Warmer:
             raise NoSpace(f"the warm set is {format_size(total)} ({len(ws.files)} files) but the cache "
                           f"can hold {format_size(room)} of it ({why}): warm less, unpin "
                           f"something, or raise --cache-size")
+        if over is not None:
+            raise NoSpace(over)
         warm_id = next(self._ids)
         transient = f"warm:{warm_id}"
         self.cache.pins.add(transient, ws.objects)
@@ -308,7 +346,8 @@ class Warmer:
                 for _ in range(max(1, concurrency)):
                     workers.start_soon(worker)
             if pin_owner:
-                self.cache.pins.add(pin_owner, ws.objects, pin_expires)
+                ttls = self.pin_ttls([o for _, o in ws.files]) if pin_expires is None else None
+                self.cache.pins.add(pin_owner, ws.objects, pin_expires, ttls)
         finally:
             self._bugs_logged.discard(warm_id)
             self.cache.pins.release(transient)

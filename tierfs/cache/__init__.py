@@ -8,6 +8,14 @@ Contract (see docs/architecture.md, "Concurrency"):
   a crash loses recent index entries, whose files recovery then deletes as orphans;
 - a chunk whose blocks fail verification is dropped and reported as a miss, so the
   caller fetches it again: the cache is a hint, never a source of wrong bytes.
+
+Tenants (docs/tenants.md): every cached chunk, pin and dirty byte is counted to the tenant
+of its object's key (`tenant_bytes`, the gauges tierfs_tenant_cache_bytes). The tenant of
+a chunk is kept per object id in memory, recomputed at `recover` from the objects db, so
+the counts survive a restart (and follow a changed tenants option). The counts drive the
+quotas: tenants above their soft share are evicted first, a tenant at its hard share
+evicts its own chunks to admit new ones (or serves without the disk tier), and
+`sweep_idle` evicts what a tenant's max_idle says nobody reads any more.
 """
 
 from __future__ import annotations
@@ -16,13 +24,15 @@ import logging
 import os
 import time
 from contextlib import asynccontextmanager
-from typing import AsyncIterator, Callable, Container, Iterable
+from dataclasses import dataclass
+from typing import AsyncIterator, Callable, Iterable
 
 import trio
 
 from ..errors import CacheCorrupt
 from ..meta import ChunkRecord, MetaStore
 from ..metrics import Metrics
+from ..tenants import DEFAULT, TenantMap
 from .disk import DiskTier
 from .evictor import Evictor
 from .heat import touched
@@ -32,12 +42,39 @@ from .pins import Pins
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ChunkCache", "ObjectVersion"]
+__all__ = ["ChunkCache", "ObjectVersion", "TenantBytes"]
+
+KINDS = ("cached", "pinned", "dirty")  # the kind label of tierfs_tenant_cache_bytes
+IDLE_SWEEP_MIN_S, IDLE_SWEEP_MAX_S = 10.0, 600.0
+
+
+@dataclass(frozen=True)
+class TenantBytes:
+    """One tenant's bytes in the cache: chunks on disk, the part of them pinned, and
+    unsaved writes (which are not chunks: they live in the staging files)."""
+
+    cached: int = 0
+    pinned: int = 0
+    dirty: int = 0
+
+
+@dataclass
+class _Tally:
+    cached: int = 0
+    pinned: int = 0
+    dirty: int = 0
+    reserved: int = 0  # chunks being written: they count toward the shares already
+
+    @property
+    def share_used(self) -> int:
+        """What counts against the tenant's soft and hard shares (pins are cached chunks)."""
+        return self.cached + self.reserved + self.dirty
 
 
 class ChunkCache:
     def __init__(self, meta: MetaStore, disk: DiskTier, memory: MemoryTier, evictor: Evictor,
-                 metrics: Metrics, *, clock: Callable[[], float] = time.time) -> None:
+                 metrics: Metrics, *, clock: Callable[[], float] = time.time,
+                 tenants: TenantMap | None = None) -> None:
         self.meta = meta
         self.disk = disk
         self.memory = memory
@@ -56,13 +93,26 @@ class ChunkCache:
         self._pending_deletes: set[bytes] = set()
         self._pending_objects: dict[bytes, dict] = {}
         self._full_logged = False
-        self.pins = Pins(meta, clock=clock)
+        self.tenants = tenants if tenants is not None else TenantMap()
+        self._oid_tenant: dict[bytes, str] = {}  # object id -> tenant, objects with chunks here
+        self._oid_bytes: dict[bytes, int] = {}  # object id -> bytes of its chunks here
+        self._tally = {name: _Tally() for name in self.tenants.names()}
+        # the tenant label's values are the configured tenants and default: a bounded set
+        self._tenant_gauges = {name: tuple(metrics.tenant_cache_bytes.labels(name, kind)
+                                           for kind in KINDS) for name in self._tally}
+        self._soft = {t.name: t.soft for t in self.tenants if t.soft is not None}
+        self._hard = {t.name: t.hard for t in self.tenants if t.hard is not None}
+        self._max_idle = {t.name: t.max_idle for t in self.tenants if t.max_idle}
+        self._hard_logged: set[str] = set()
+        self.pins = Pins(meta, clock=clock, on_change=self._pin_changed)
         # the labelled children, looked up once: every read counts one (a lookup per read
         # was a few % of a small read's CPU)
         self._memory_hits = metrics.cache_hits.labels("memory")
         self._disk_hits = metrics.cache_hits.labels("disk")
         self._disk_bytes = metrics.cache_bytes.labels("disk")
         self._memory_bytes = metrics.cache_bytes.labels("memory")
+        for name in self._tally:
+            self._show(name)
 
     # ---- start-up ------------------------------------------------------------------
 
@@ -70,13 +120,13 @@ class ChunkCache:
         """Reconcile index and disk (blocking; run before serving). Returns (kept, dropped)."""
         present = self.disk.scan()
         dropped = []
+        kept = []
         for key, rec in self.meta.chunks():
             name = chunk_name(key)
             size = present.pop(name, None)
             # a record salvaged from a damaged index must at least have a CRC per block
             if size == rec.length and len(rec.crcs) == self.blocks_of(rec.length):
-                self._index[key] = rec
-                self._used += rec.length
+                kept.append((key, rec))
                 continue
             dropped.append(key)
             if size is not None:
@@ -84,6 +134,9 @@ class ChunkCache:
         for name in present:  # files the index never recorded (crash before a flush)
             self.disk.delete_name(name)
         self.meta.apply_chunks({}, dropped)
+        # tenants from the objects db (after the walk: one read transaction at a time)
+        for key, rec in kept:
+            self._add_chunk(key, rec, self._stored_tenant(key[:16]))
         self._publish()
         return len(self._index), len(dropped) + len(present)
 
@@ -190,18 +243,23 @@ class ChunkCache:
             yield None
             return
         self._writing.add(ckey)
+        tenant = self._oid_tenant.get(ckey[:16]) or self.tenants.of(obj.key)
+        tally = self._tally[tenant]
         reserved = 0
         try:
-            if not await self._make_room(length):
+            # its own chunks first when at its hard share; the check again after the
+            # global eviction's awaits (other fills of the tenant may have come in)
+            if not (await self._admit(tenant, length) and await self._make_room(length)
+                    and self._within_hard(tenant, length)):
                 yield None
                 return
             reserved = length
             self._reserved += reserved
+            tally.reserved += reserved
 
             def stored(crcs: tuple[int, ...]) -> None:
                 rec = ChunkRecord(length, 1.0, self._clock(), crcs)
-                self._index[ckey] = rec
-                self._used += rec.length
+                self._add_chunk(ckey, rec, tenant)
                 self._pending_puts[ckey] = rec
                 self._pending_deletes.discard(ckey)
                 self._pending_objects.setdefault(ckey[:16], {
@@ -210,12 +268,14 @@ class ChunkCache:
             yield stored
         finally:
             self._reserved -= reserved
+            tally.reserved -= reserved
             self._writing.discard(ckey)
             self._publish()
 
     async def _make_room(self, incoming: int) -> bool:
-        victims, fits = self.evictor.victims(self._index, self._used + self._reserved + self._dirty,
-                                             incoming, self._writing, self.pins)
+        victims, fits = self.evictor.victims(
+            self._index, self._used + self._reserved + self._dirty, incoming, self._writing,
+            self.pins, over_soft=self._over_soft if self._soft else None, owner=self._owner)
         for key in victims:
             await self.drop(key, evicted=True)
         if not fits and not self._full_logged:
@@ -224,11 +284,169 @@ class ChunkCache:
             self._full_logged = True
         return fits
 
-    async def drop(self, ckey: bytes, *, evicted: bool = False) -> None:
+    # ---- tenants -------------------------------------------------------------------
+
+    def _owner(self, ckey: bytes) -> str:
+        return self._oid_tenant.get(ckey[:16], DEFAULT)
+
+    def _stored_tenant(self, oid: bytes) -> str:
+        """The tenant of an object id from the objects db (recovery: no ObjectVersion)."""
+        tenant = self._oid_tenant.get(oid)
+        if tenant is None:
+            info = self.meta.object_info(oid)
+            key = info.get("key") if info else None
+            tenant = self.tenants.of(key) if isinstance(key, str) else DEFAULT
+        return tenant
+
+    def _add_chunk(self, ckey: bytes, rec: ChunkRecord, tenant: str) -> None:
+        self._index[ckey] = rec
+        self._used += rec.length
+        oid = ckey[:16]
+        self._oid_tenant[oid] = tenant
+        self._oid_bytes[oid] = self._oid_bytes.get(oid, 0) + rec.length
+        tally = self._tally[tenant]
+        tally.cached += rec.length
+        if oid in self.pins:
+            tally.pinned += rec.length
+        self._show(tenant)
+
+    def _remove_chunk(self, ckey: bytes) -> ChunkRecord | None:
         rec = self._index.pop(ckey, None)
         if rec is None:
-            return
+            return None
         self._used -= rec.length
+        oid = ckey[:16]
+        tenant = self._oid_tenant.get(oid, DEFAULT)
+        left = self._oid_bytes.pop(oid, 0) - rec.length
+        if left > 0:
+            self._oid_bytes[oid] = left
+        else:
+            self._oid_tenant.pop(oid, None)
+        tally = self._tally[tenant]
+        tally.cached -= rec.length
+        if oid in self.pins:
+            tally.pinned -= rec.length
+        self._show(tenant)
+        return rec
+
+    def _pin_changed(self, oid: bytes, pinned: bool) -> None:
+        n = self._oid_bytes.get(oid)
+        if n:
+            tenant = self._oid_tenant[oid]
+            self._tally[tenant].pinned += n if pinned else -n
+            self._show(tenant)
+
+    def _show(self, tenant: str) -> None:
+        tally = self._tally[tenant]
+        cached, pinned, dirty = self._tenant_gauges[tenant]
+        cached.set(tally.cached)
+        pinned.set(tally.pinned)
+        dirty.set(tally.dirty)
+
+    def tenant_bytes(self) -> dict[str, TenantBytes]:
+        """Cached, pinned and dirty bytes of every tenant (default included), exact."""
+        return {name: TenantBytes(t.cached, t.pinned, t.dirty) for name, t in self._tally.items()}
+
+    def tenant_of(self, obj: ObjectVersion) -> str:
+        return self._oid_tenant.get(obj.oid) or self.tenants.of(obj.key)
+
+    def hard_share(self, tenant: str) -> int | None:
+        """Bytes of the tenant's hard share of the current budget (None: it has none)."""
+        share = self._hard.get(tenant)
+        return None if share is None else share.of(self.budget())
+
+    def pinned_bytes(self, tenant: str, exclude: Iterable[bytes] = ()) -> int:
+        """Cached bytes of the tenant's pinned objects, except those in `exclude`."""
+        skip = set(exclude)
+        return sum(n for oid, n in self._oid_bytes.items()
+                   if oid in self.pins and oid not in skip and self._oid_tenant[oid] == tenant)
+
+    def _over_soft(self, budget: int) -> dict[str, int]:
+        """Bytes each tenant is above its soft share of `budget` (the evictor asks)."""
+        out = {}
+        for name, share in self._soft.items():
+            over = self._tally[name].share_used - share.of(budget)
+            if over > 0:
+                out[name] = over
+        return out
+
+    def _within_hard(self, tenant: str, incoming: int) -> bool:
+        share = self._hard.get(tenant)
+        if share is None:
+            return True
+        limit = share.of(self.evictor.budget(self._used + self._reserved + self._dirty))
+        if self._tally[tenant].share_used + incoming <= limit:
+            return True
+        if tenant not in self._hard_logged:
+            self._hard_logged.add(tenant)
+            log.warning("tenant %s is at its hard share (%s: %d bytes) and nothing of its "
+                        "own can be evicted (pinned, unsaved or being written): serving it "
+                        "without the disk tier", tenant, share, limit)
+        return False
+
+    async def _admit(self, tenant: str, incoming: int) -> bool:
+        """A tenant at its hard share makes room for `incoming` bytes from its own chunks
+        (coldest first), never from another tenant's; False if it cannot."""
+        share = self._hard.get(tenant)
+        if share is None:
+            return True
+        limit = share.of(self.evictor.budget(self._used + self._reserved + self._dirty))
+        victims, _ = self.evictor.own_victims(
+            self._index, tenant, self._owner, self._tally[tenant].share_used, incoming, limit,
+            self._writing, self.pins)
+        for key in victims:
+            await self.drop(key, evicted=True)
+        return self._within_hard(tenant, incoming)
+
+    # ---- lifecycle: max_idle -------------------------------------------------------
+
+    def idle_sweep_interval(self) -> float | None:
+        """How often `sweep_idle` runs: a tenth of the shortest max_idle, within 10 s -
+        10 min; None when no tenant has a max_idle (no sweep)."""
+        if not self._max_idle:
+            return None
+        return min(max(min(self._max_idle.values()) / 10, IDLE_SWEEP_MIN_S), IDLE_SWEEP_MAX_S)
+
+    def _idle(self, ckey: bytes, rec: ChunkRecord, now: float) -> bool:
+        limit = self._max_idle.get(self._owner(ckey))
+        return (limit is not None and now - rec.last_access >= limit
+                and ckey[:16] not in self.pins and ckey not in self._writing)
+
+    async def sweep_idle(self) -> int:
+        """Evict the chunks not read for their tenant's max_idle (pins and chunks being
+        written excepted); returns the bytes freed."""
+        if not self._max_idle:
+            return 0
+        now = self._clock()
+        idle = [k for k, r in self._index.items() if self._idle(k, r, now)]
+        freed = chunks = 0
+        for key in idle:
+            rec = self._index.get(key)
+            if rec is not None and self._idle(key, rec, now):  # a read or pin meanwhile
+                freed += rec.length
+                chunks += 1
+                await self.drop(key, evicted=True)
+        if chunks:
+            log.info("max_idle: evicted %d chunks (%d bytes) not read for their tenant's "
+                     "max_idle", chunks, freed)
+        return freed
+
+    async def run_idle_sweeper(self) -> None:
+        """The periodic max_idle sweep (a supervised service of the core)."""
+        interval = self.idle_sweep_interval()
+        if interval is None:
+            await trio.sleep_forever()
+        assert interval is not None
+        while True:
+            await trio.sleep(interval)
+            await self.sweep_idle()
+
+    # ---- dropping ------------------------------------------------------------------
+
+    async def drop(self, ckey: bytes, *, evicted: bool = False) -> None:
+        rec = self._remove_chunk(ckey)
+        if rec is None:
+            return
         self.memory.drop_chunk(ckey, self.blocks_of(rec.length))
         self._pending_puts.pop(ckey, None)
         self._pending_deletes.add(ckey)
@@ -246,39 +464,63 @@ class ChunkCache:
         await self.drop(ckey)
         return rec.length
 
-    def bytes_of(self, oids: Container[bytes]) -> int:
-        """Bytes on disk of the chunks of these object versions (a scan of the index)."""
-        return sum(r.length for k, r in self._index.items() if k[:16] in oids)
+    def bytes_of(self, oids: Iterable[bytes]) -> int:
+        """Bytes on disk of the chunks of these object versions."""
+        return sum(self._oid_bytes.get(oid, 0) for oid in set(oids))
 
     # ---- dirty data ----------------------------------------------------------------
 
-    async def reserve_dirty(self, nbytes: int, wait_s: float) -> bool:
+    async def reserve_dirty(self, nbytes: int, wait_s: float, *, key: str | None = None) -> bool:
         """Count nbytes of new dirty data against the budget, evicting clean chunks first.
 
         If they do not fit, wait up to wait_s for dirty data to be released (uploads to
-        finish); False if they still do not fit: the writer answers ENOSPC.
+        finish); False if they still do not fit: the writer answers ENOSPC. With the
+        file's `key` the bytes are its tenant's, and its hard share holds them too (its
+        own clean chunks are evicted first); without, they are counted to the default
+        tenant and no share holds them.
         """
+        tenant = DEFAULT if key is None else self.tenants.of(key)
         with trio.move_on_after(wait_s):
             while True:
-                victims, fits = self.evictor.victims(
-                    self._index, self._used + self._reserved + self._dirty, nbytes, self._writing,
-                    self.pins)
-                for key in victims:
-                    await self.drop(key, evicted=True)
-                if fits:
-                    self._dirty += nbytes
-                    self._publish()
-                    return True
+                if key is None or await self._admit(tenant, nbytes):
+                    victims, fits = self.evictor.victims(
+                        self._index, self._used + self._reserved + self._dirty, nbytes,
+                        self._writing, self.pins,
+                        over_soft=self._over_soft if self._soft else None, owner=self._owner)
+                    for victim in victims:
+                        await self.drop(victim, evicted=True)
+                    if fits and (key is None or self._within_hard(tenant, nbytes)):
+                        self._add_dirty(tenant, nbytes)
+                        return True
                 await self._dirty_released.wait()
         return False
 
-    def force_dirty(self, nbytes: int) -> None:
+    def force_dirty(self, nbytes: int, *, key: str | None = None) -> None:
         """Count recovered dirty data, whatever the budget: it must be uploaded, not refused."""
+        self._add_dirty(DEFAULT if key is None else self.tenants.of(key), nbytes)
+
+    def _add_dirty(self, tenant: str, nbytes: int) -> None:
         self._dirty += nbytes
+        self._tally[tenant].dirty += nbytes
+        self._show(tenant)
         self._publish()
 
-    def release_dirty(self, nbytes: int) -> None:
+    def release_dirty(self, nbytes: int, *, key: str | None = None) -> None:
+        """Dirty bytes uploaded or dropped, of the file `key` (None: the default tenant's).
+        A file renamed into another tenant meanwhile releases what its first tenant is
+        left with, then the rest from the others: the tenants' sum stays the total."""
         self._dirty -= nbytes
+        first = DEFAULT if key is None else self.tenants.of(key)
+        left = nbytes
+        for name in (first, *self._tally):
+            tally = self._tally[name]
+            take = min(left, tally.dirty)
+            if take:
+                tally.dirty -= take
+                left -= take
+                self._show(name)
+            if not left:
+                break
         self._dirty_released.set()
         self._dirty_released = trio.Event()
         self._publish()
@@ -303,8 +545,7 @@ class ChunkCache:
                                               0o755, True)
                 await trio.to_thread.run_sync(os.link, self.disk.path(okey), self.disk.path(nkey))
             copy = ChunkRecord(rec.length, rec.heat, rec.last_access, rec.crcs)
-            self._index[nkey] = copy
-            self._used += copy.length
+            self._add_chunk(nkey, copy, self.tenant_of(new))
             self._pending_puts[nkey] = copy
             self._pending_objects.setdefault(nkey[:16], {"bucket": new.bucket, "key": new.key,
                                                          "etag": new.etag, "size": new.size})
