@@ -19,6 +19,9 @@ Named databases (keys are ordered binary, big-endian integers first):
             bytes read by source and stall seconds, kept across restarts
   capacity  "5m/" or "1h/" + step (u64) -> JSON sample of the cache (tierfs.capacity):
             the downsampled history behind `tierfs usage --forecast`
+  analytics "prefix/<prefix>", "job/<id>", "series/<tier>/<step>", "totals" -> JSON
+            (tierfs.analytics): per-prefix reads and metadata requests, the files each
+            Slurm job read, the downsampled totals behind `tierfs report`
 
 Every method is one short synchronous transaction; callers never await inside one.
 Inode numbers are allocated once per (parent, name, kind) and persist, so they are
@@ -483,6 +486,7 @@ class MetaStore:
         self._pins = self.env.open_db(b"pins")
         self._usage = self.env.open_db(b"usage")
         self._capacity = self.env.open_db(b"capacity")
+        self._analytics = self.env.open_db(b"analytics")
 
     def _schema(self) -> int | None:
         with self.env.begin(db=self._info) as txn:
@@ -889,22 +893,55 @@ class MetaStore:
 
     def put_usage(self, puts: dict[str, dict], deletes: Iterable[str] = ()) -> None:
         """Store usage records (tierfs.usage) and delete others, in one transaction."""
-        with self.env.begin(write=True, db=self._usage) as txn:
+        self._put_json(self._usage, puts, deletes)
+
+    def usage(self) -> list[tuple[str, object]]:
+        """Every stored usage record; a record that is not JSON comes back as None."""
+        return self._json_records(self._usage)
+
+    def _put_json(self, db: object, puts: dict[str, object], deletes: Iterable[str]) -> None:
+        with self.env.begin(write=True, db=db) as txn:
             for key in deletes:
                 txn.delete(key.encode())
             for key, record in puts.items():
                 txn.put(key.encode(), json.dumps(record).encode())
 
-    def usage(self) -> list[tuple[str, object]]:
-        """Every stored usage record; a record that is not JSON comes back as None."""
+    def _json_records(self, db: object, prefix: str = "") -> list[tuple[str, object]]:
         out: list[tuple[str, object]] = []
-        with self.env.begin(db=self._usage) as txn:
-            for k, v in txn.cursor():
+        start = prefix.encode()
+        with self.env.begin(db=db) as txn:
+            cur = txn.cursor()
+            if not cur.set_range(start):
+                return out
+            for k, v in cur:
+                if not bytes(k).startswith(start):
+                    break
                 try:
                     out.append((bytes(k).decode(), json.loads(v)))
                 except ValueError:
                     out.append((bytes(k).decode(errors="replace"), None))
         return out
+
+    # ---- access analytics (tierfs.analytics) -----------------------------------------
+    # bounded by the caller, which deletes what it no longer keeps at each put
+
+    def put_analytics(self, puts: dict[str, object], deletes: Iterable[str] = ()) -> None:
+        """Store analytics records and delete others, in one transaction."""
+        self._put_json(self._analytics, puts, deletes)
+
+    def analytics(self, prefix: str = "") -> list[tuple[str, object]]:
+        """The analytics records whose keys start with `prefix`, in key order; a record
+        that is not JSON comes back as None."""
+        return self._json_records(self._analytics, prefix)
+
+    def files(self) -> Iterator[tuple[str, int]]:
+        """(key, size) of every file the index knows (from listings; the report's
+        "total size" per prefix)."""
+        with self.env.begin(db=self._inodes) as txn:
+            for k, v in txn.cursor():
+                node = Inode.unpack(0, v)
+                if node.kind == FILE:
+                    yield node.key, node.size
 
     # ---- capacity history (tierfs.capacity) -----------------------------------------
     # tier name + "/" + u64 step -> JSON sample; bounded by the caller, which drops a

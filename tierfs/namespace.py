@@ -23,6 +23,7 @@ from typing import Callable, NamedTuple
 import trio
 from cachetools import TTLCache
 
+from .analytics import Analytics
 from .attrs import (DIR, FILE, MAX_KEY, MAX_NAME, SPECIAL, SYMLINK, Attrs, for_new,
                     from_metadata)
 from .backend.base import ObjectMeta
@@ -58,8 +59,10 @@ class Namespace:
                  root_prefix: str, ttl_s: float, clock: Callable[[], float] = time.time,
                  has_local_writes: Callable[[int], bool] = lambda ino: False,
                  tasks: Tasks | None = None, head_max_size: int = -1,
-                 head_dirs: bool = False) -> None:
+                 head_dirs: bool = False, analytics: Analytics | None = None) -> None:
         self.meta = meta
+        # LIST and HEAD requests per prefix (metadata pressure, `tierfs report`)
+        self.analytics = analytics or Analytics(meta, root_prefix=root_prefix)
         # objects up to this size (directory markers included) get one HEAD per version
         # for their metadata: type, owner, mode, times (-1: none); head_dirs: every new
         # subdirectory too (its marker, or learning it has none), before it is shown
@@ -182,6 +185,7 @@ class Namespace:
         marker: ObjectMeta | None = None
         token = None
         while True:
+            self.analytics.meta_request("list", prefix)
             page = await self.backend.list(prefix, "/", token)
             for o in page.objects:
                 name = o.key[len(prefix):]
@@ -239,6 +243,7 @@ class Namespace:
         async def head(name: str, obj: ObjectMeta) -> None:
             async with limiter:
                 try:
+                    self.analytics.meta_request("head", obj.key)
                     meta = await self.backend.head(obj.key)
                 except TierfsError as exc:  # metadata is not worth failing a listing for
                     log.debug("HEAD %r for its metadata failed: %s", obj.key, exc)
@@ -274,6 +279,7 @@ class Namespace:
         async def head(name: str) -> None:
             async with limiter:
                 try:
+                    self.analytics.meta_request("head", d.key + name + "/")
                     markers[name] = await self.backend.head(d.key + name + "/")
                 except NotFound:
                     markers[name] = ObjectMeta(d.key + name + "/", 0, "", self._clock())
@@ -350,12 +356,14 @@ class Namespace:
         found: dict[str, object] = {}
 
         async def as_dir() -> None:
+            self.analytics.meta_request("list", key + "/")
             page = await self.backend.list(key + "/", "/", None, 1)
             found["dir"] = bool(page.objects or page.prefixes)
             if page.objects and page.objects[0].key == key + "/":
                 found["marker"] = page.objects[0]
 
         async def as_file() -> None:
+            self.analytics.meta_request("list", key)
             page = await self.backend.list(key, "/", None, 1)
             if page.objects and page.objects[0].key == key:
                 found["file"] = page.objects[0]
@@ -394,6 +402,7 @@ class Namespace:
         if node.is_dir or self._fresh(node.validated_at) or self._local(node.ino):
             return node
         try:
+            self.analytics.meta_request("head", node.key)
             meta = await self.backend.head(node.key)
         except NotFound:
             self.meta.remove(node.parent, node.key.rpartition("/")[2].encode())
@@ -508,6 +517,7 @@ class Namespace:
             raise NotADirectory(node.key)
         if any(True for _ in self.meta.children(node.ino) if self._local(_[1].ino)):
             raise NotEmpty(node.key)
+        self.analytics.meta_request("list", node.key)
         page = await self.backend.list(node.key, "/", None, 2)
         if page.prefixes or any(o.key != node.key for o in page.objects):
             raise NotEmpty(node.key)
@@ -560,6 +570,7 @@ class Namespace:
         keys: list[ObjectMeta] = []
         token = None
         while True:
+            self.analytics.meta_request("list", prefix)
             page = await self.backend.list(prefix, None, token)
             keys += page.objects
             if len(keys) > limit:
