@@ -159,6 +159,21 @@ def test_dashboard_queries_parse_and_name_only_real_metrics_and_labels(tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
 
 
+def test_dashboard_panels_have_unique_ids_and_do_not_overlap():
+    """Grafana stacks overlapping panels unpredictably and keys its state by panel id."""
+    panels = json.loads(DASHBOARD.read_text())["panels"]
+    ids = [p["id"] for p in panels]
+    assert len(ids) == len(set(ids))
+    taken: dict[tuple[int, int], str] = {}
+    for p in panels:
+        g = p["gridPos"]
+        assert 0 <= g["x"] and g["x"] + g["w"] <= 24, p["title"]
+        for cell in ((x, y) for x in range(g["x"], g["x"] + g["w"])
+                     for y in range(g["y"], g["y"] + g["h"])):
+            assert cell not in taken, f"{p['title']!r} overlaps {taken[cell]!r}"
+            taken[cell] = p["title"]
+
+
 def test_the_name_check_catches_what_does_not_exist():
     """The checks above would pass vacuously if the patterns matched nothing."""
     recorded = {"tierfs:hit_ratio:rate5m": {"job", "instance"}}
