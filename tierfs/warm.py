@@ -339,7 +339,8 @@ class Warmer:
                 state["bytes_done"] += self.fetcher.chunk_length(obj, index)
                 self.metrics.warm_bytes.inc(fetched)
                 if not cached:
-                    fail(path, "no room in the cache: everything else is pinned or unsaved")
+                    fail(path, "no room in the cache (or in its tenant's hard share): "
+                               "everything else is pinned or unsaved")
 
         try:
             async with trio.open_nursery() as workers:

@@ -163,10 +163,6 @@ class Pins:
             if self.on_change is not None:
                 self.on_change(oid, False)
 
-    def pinned_ids(self) -> set[bytes]:
-        """Every pinned object id (cheaper than `objects` when sizes are not needed)."""
-        return set(self._count)
-
     def objects(self) -> dict[bytes, int]:
         """Every pinned object version with its size."""
         out: dict[bytes, int] = {}
