@@ -3,6 +3,11 @@
 heat(t) = heat(t0) * 2 ** (-(t - t0) / half_life), plus 1 per access. Ordering chunks by
 decayed heat at any instant is the same as ordering by log2(heat) + last_access/half_life,
 a value that does not change with time: eviction sorts on it without recomputing decay.
+
+Heat counts reads. A record with heat below 1, a chunk stored without being read (written
+data could be; ChunkCache indexes every fill at heat 1 today), ranks as heat 1 at its store
+time: it is kept as long as data just read, and its first read makes it heat 1, not 2 (a
+checkpoint restored once is not a working set: bench/README.md, "Eviction quality").
 """
 
 from __future__ import annotations
@@ -19,5 +24,5 @@ def touched(heat: float, last_access: float, now: float, half_life: float) -> fl
 
 
 def eviction_order(heat: float, last_access: float, half_life: float) -> float:
-    """Smaller is colder. Time-invariant (see module doc)."""
-    return math.log2(max(heat, 1e-300)) + last_access / half_life
+    """Smaller is colder. Time-invariant (see module doc); heat below 1 ranks as 1."""
+    return math.log2(max(heat, 1.0)) + last_access / half_life

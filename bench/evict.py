@@ -1,0 +1,463 @@
+#!/usr/bin/env python3
+"""Eviction quality: tierfs's evictor beside plain LRU and Belady's OPT on the same traces.
+
+    .venv/bin/python bench/evict.py [--cache-chunks N] [--fill-time S]... [--seed N] [--trace NAME]...
+
+Replays chunk-granular access traces (defined in bench/README.md, "Eviction quality")
+through the real policy code, tierfs/cache/evictor.py (`Evictor.victims`) and
+tierfs/cache/heat.py (`touched`), driven the way ChunkCache drives them: a read of an
+indexed chunk is a hit and touches its heat; a miss, or a write of a new chunk, is a
+fill, which first asks the evictor for room (budget from a statvfs stub with plenty of
+free space, so the budget is the cache size; the high/low watermarks) and then indexes
+the chunk with heat 1. An injected clock advances by fill_time / cache chunks per access. Prints each
+trace's read hit ratio beside plain LRU and offline OPT with the same capacity, and
+whether tierfs reaches the issue's goal (>= 0.9x OPT, never below LRU).
+
+Capacities: tierfs never holds more than floor(high * cache_size / chunk) chunks (it
+evicts when a fill would pass `high`, down to `low`); LRU and OPT hold exactly that many,
+evicting one chunk at a time, so they never have less room than tierfs. OPT may decline
+to cache a chunk (bypass) whose next use is the farthest: an upper bound for any policy.
+No I/O, no timing: the figures are counts, the same on every run with the same seed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import heapq
+import os
+import random
+import sys
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field, replace
+from typing import Callable, Iterator
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tierfs.cache.evictor import Evictor  # noqa: E402
+from tierfs.cache.heat import touched  # noqa: E402
+from tierfs.cache.keys import ObjectVersion  # noqa: E402
+from tierfs.config import MountConfig  # noqa: E402
+from tierfs.meta import ChunkRecord  # noqa: E402
+
+_DEFAULTS = MountConfig.model_fields
+GOAL = 0.9  # of OPT (issue 15, item 5)
+OBJECT_CHUNKS = 64  # chunk ids map to objects of this many chunks (keys as tierfs makes them)
+START = 1_700_000_000.0  # the injected clock's epoch
+
+
+# ---- traces --------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Trace:
+    """Chunk ids in access order; writes[i]: access i writes a new chunk (a fill that is
+    not a read: it counts in neither hits nor reads)."""
+
+    name: str
+    what: str
+    chunks: list[int]
+    writes: list[bool]
+
+    def __post_init__(self) -> None:
+        if len(self.chunks) != len(self.writes):
+            raise ValueError("chunks and writes differ in length")
+        seen: set[int] = set()
+        for c, w in zip(self.chunks, self.writes):
+            if w and c in seen:  # a write is a new object version: new chunk keys
+                raise ValueError(f"trace {self.name}: chunk {c} written after it was seen")
+            seen.add(c)
+
+    @property
+    def reads(self) -> int:
+        return len(self.writes) - sum(self.writes)
+
+
+class _Builder:
+    """Appends accesses and hands out fresh chunk ids."""
+
+    def __init__(self) -> None:
+        self.chunks: list[int] = []
+        self.writes: list[bool] = []
+        self._next = 0
+
+    def fresh(self, n: int) -> list[int]:
+        ids = list(range(self._next, self._next + n))
+        self._next += n
+        return ids
+
+    def read(self, ids: list[int] | range) -> None:
+        self.chunks.extend(ids)
+        self.writes.extend([False] * len(ids))
+
+    def write(self, ids: list[int]) -> None:
+        self.chunks.extend(ids)
+        self.writes.extend([True] * len(ids))
+
+    def trace(self, name: str, what: str) -> Trace:
+        return Trace(name, what, self.chunks, self.writes)
+
+
+def epochs(cache: int, rng: random.Random, *, shuffled: bool = False, size: float = 1.5,
+           count: int = 8) -> Trace:
+    """(a) `count` epochs over a data set of `size` x the cache, in order (or shuffled)."""
+    b = _Builder()
+    data = b.fresh(int(size * cache))
+    for _ in range(count):
+        if shuffled:
+            data = data[:]
+            rng.shuffle(data)
+        b.read(data)
+    order = "each in a new random order" if shuffled else "sequential"
+    return b.trace("epochs-shuffled" if shuffled else "epochs",
+                   f"{count} epochs over {size}x the cache, {order}")
+
+
+def hot_and_scans(cache: int, rng: random.Random, *, readers: int, hot: float = 0.25,
+                  scan: float = 2.0, rounds: int = 8) -> Trace:
+    """(b) rounds of: the hot set read by `readers` readers in turn, then a one-shot scan
+    of new chunks."""
+    b = _Builder()
+    hot_ids = b.fresh(int(hot * cache))
+    for _ in range(rounds):
+        for _ in range(readers):
+            b.read(hot_ids)
+        b.read(b.fresh(int(scan * cache)))
+    return b.trace(f"hot+scans x{readers}",
+                   f"{rounds} rounds: a hot set of {hot}x the cache read {readers}x, then a "
+                   f"one-shot scan of {scan}x")
+
+
+def checkpoints(cache: int, rng: random.Random, *, data: float = 2.0, ckpt: float = 0.2,
+                interval: float = 0.4, saves: int = 3, jobs: int = 10) -> Trace:
+    """(c) jobs in a row: restore (read the last checkpoint once), then dataset reads
+    (shuffled epochs) with a checkpoint written every `interval` x the cache of reads;
+    the job is preempted a random part of an interval after its last save."""
+    b = _Builder()
+    dataset = b.fresh(int(data * cache))
+    per_save = int(interval * cache)
+    stream: list[int] = []
+
+    def reads(n: int) -> None:
+        nonlocal stream
+        while len(stream) < n:
+            epoch = dataset[:]
+            rng.shuffle(epoch)
+            stream += epoch
+        b.read(stream[:n])
+        stream = stream[n:]
+
+    last: list[int] = []
+    for _ in range(jobs):
+        b.read(last)
+        for _ in range(saves):
+            reads(per_save)
+            last = b.fresh(int(ckpt * cache))
+            b.write(last)
+        reads(rng.randrange(per_save))
+    return b.trace("checkpoints",
+                   f"{jobs} jobs: restore the last checkpoint ({ckpt}x the cache), read a data "
+                   f"set of {data}x shuffled, save every {interval}x of reads, {saves} saves, "
+                   f"preempted at random")
+
+
+def zipf(cache: int, rng: random.Random, *, keys: float = 10.0, alpha: float = 1.0,
+         length: float = 50.0) -> Trace:
+    """(d) independent random reads, P(rank k) ~ 1/k**alpha, ranks shuffled over the ids."""
+    b = _Builder()
+    ids = b.fresh(int(keys * cache))
+    rng.shuffle(ids)
+    cum, total = [], 0.0
+    for k in range(1, len(ids) + 1):
+        total += k ** -alpha
+        cum.append(total)
+    b.read(rng.choices(ids, cum_weights=cum, k=int(length * cache)))
+    return b.trace(f"zipf {alpha}", f"{int(length * cache)} random reads over {keys}x the "
+                   f"cache, zipf alpha {alpha}")
+
+
+TRACES: dict[str, Callable[[int, random.Random], Trace]] = {
+    "epochs": epochs,
+    "epochs-shuffled": lambda c, r: epochs(c, r, shuffled=True),
+    "hot+scans": lambda c, r: hot_and_scans(c, r, readers=2),
+    "hot+scans-once": lambda c, r: hot_and_scans(c, r, readers=1),
+    "checkpoints": checkpoints,
+    "zipf": zipf,
+}
+
+
+# ---- the cache being measured and the two references ---------------------------------
+
+@dataclass(frozen=True)
+class Shape:
+    """One cache: its size in chunks and the policy settings (tierfs's defaults)."""
+
+    chunks: int
+    chunk_bytes: int = _DEFAULTS["chunk_size"].default
+    high: float = _DEFAULTS["evict_high"].default
+    low: float = _DEFAULTS["evict_low"].default
+    half_life: float = _DEFAULTS["heat_half_life"].default
+    # seconds of the injected clock to read one cache's worth of chunks: what sets recency
+    # against the half-life (1024 s: a 1 TiB cache read at 1 GiB/s)
+    fill_time: float = 1024.0
+    # the heat a written chunk is indexed with: 1 as ChunkCache does; 0 is the what-if
+    # "heat counts reads only" (tierfs/cache/heat.py ranks it as 1 until it is read)
+    written_heat: float = 1.0
+    # chunk ids below this are in pinned objects (whole objects of OBJECT_CHUNKS chunks, as
+    # `tierfs warm --pin` pins files): never evicted; LRU and OPT pin nothing
+    pinned: int = 0
+
+    @property
+    def step(self) -> float:
+        """Seconds between two accesses."""
+        return self.fill_time / self.chunks
+
+    @property
+    def budget(self) -> int:
+        return self.chunks * self.chunk_bytes
+
+    @property
+    def capacity(self) -> int:
+        """The most chunks tierfs ever holds: LRU's and OPT's capacity."""
+        return int(self.high * self.budget) // self.chunk_bytes
+
+    @property
+    def keep(self) -> int:
+        """Chunks left after a fill past `high` evicts (Evictor: down to low * budget less
+        the incoming chunk)."""
+        return int((self.low * self.budget - self.chunk_bytes) // self.chunk_bytes)
+
+
+@dataclass
+class Replay:
+    hits: int = 0
+    reads: int = 0
+    cached: set[int] = field(default_factory=set)  # chunk ids cached at the end
+    hit: bytearray = field(default_factory=bytearray)  # per access: 1 if a read hit
+
+    def access(self, write: bool, hit: bool) -> None:
+        self.reads += not write
+        self.hits += hit
+        self.hit.append(hit)
+
+    @property
+    def ratio(self) -> float:
+        return self.hits / self.reads if self.reads else 0.0
+
+
+def object_chunk(cid: int, chunk_bytes: int) -> tuple[ObjectVersion, int]:
+    """The object version and chunk index a chunk id stands for."""
+    name = f"bench/{cid // OBJECT_CHUNKS}"
+    return ObjectVersion("bench", name, "etag", OBJECT_CHUNKS * chunk_bytes), cid % OBJECT_CHUNKS
+
+
+def _plenty_of_space(path: str) -> os.statvfs_result:
+    """A 1 PiB filesystem, half empty: the free-space guard never binds."""
+    frsize, blocks = 4096, (1 << 50) // 4096
+    return os.statvfs_result((frsize, frsize, blocks, blocks // 2, blocks // 2, 1 << 20,
+                              1 << 20, 1 << 20, 0, 255))
+
+
+def replay_tierfs(trace: Trace, shape: Shape) -> Replay:
+    """The trace through Evictor and heat as ChunkCache uses them (read, touch, filling)."""
+    evictor = Evictor("/nonexistent/tierfs-bench", cache_size=shape.budget,
+                      min_free_ratio=_DEFAULTS["min_free_ratio"].default, high=shape.high,
+                      low=shape.low, half_life=shape.half_life, statvfs=_plenty_of_space)
+    keys: dict[int, bytes] = {}
+    ids: dict[bytes, int] = {}
+    index: dict[bytes, ChunkRecord] = {}
+    used, length, out = 0, shape.chunk_bytes, Replay()
+    pinned = {object_chunk(cid, length)[0].oid
+              for cid in range(0, shape.pinned // OBJECT_CHUNKS * OBJECT_CHUNKS)}
+    for i, (cid, write) in enumerate(zip(trace.chunks, trace.writes)):
+        now = START + i * shape.step
+        key = keys.get(cid)
+        if key is None:
+            obj, n = object_chunk(cid, length)
+            key = keys[cid] = obj.chunk_key(n)
+            ids[key] = cid
+        rec = None if write else index.get(key)
+        out.access(write, rec is not None)
+        if rec is not None:  # ChunkCache.read(touch=True) -> touch()
+            rec.heat = touched(rec.heat, rec.last_access, now, shape.half_life)
+            rec.last_access = now
+            continue
+        # ChunkCache.filling -> _make_room (nothing being written), then stored()
+        victims, fits = evictor.victims(index, used, length, (), pinned)
+        for victim in victims:
+            used -= index.pop(victim).length
+        if fits:
+            index[key] = ChunkRecord(length, shape.written_heat if write else 1.0, now, ())
+            used += length
+    out.cached = {ids[k] for k in index}
+    return out
+
+
+def replay_lru(trace: Trace, capacity: int, keep: int | None = None) -> Replay:
+    """Plain LRU of `capacity` chunks; a write caches the new chunk as most recent. With
+    `keep`, a fill that finds it full evicts down to `keep` chunks (tierfs's watermarks)."""
+    lru: OrderedDict[int, None] = OrderedDict()
+    out = Replay()
+    keep = capacity - 1 if keep is None else keep
+    for cid, write in zip(trace.chunks, trace.writes):
+        out.access(write, cid in lru)
+        if cid in lru:
+            lru.move_to_end(cid)
+            continue
+        if capacity <= 0:
+            continue
+        if len(lru) >= capacity:
+            while len(lru) > keep:
+                lru.popitem(last=False)
+        lru[cid] = None
+    out.cached = set(lru)
+    return out
+
+
+def next_uses(chunks: list[int]) -> list[int]:
+    """For each access, the position of the next access of the same chunk (len: never)."""
+    never = len(chunks)
+    nxt, later = [never] * never, {}
+    for i in range(never - 1, -1, -1):
+        nxt[i] = later.get(chunks[i], never)
+        later[chunks[i]] = i
+    return nxt
+
+
+def replay_opt(trace: Trace, capacity: int) -> Replay:
+    """Belady's MIN with bypass: on a miss with the cache full, the chunk whose next use
+    is farthest goes, the incoming one included (then it is not cached)."""
+    nxt = next_uses(trace.chunks)
+    never = len(nxt)
+    cached: dict[int, int] = {}  # chunk -> position of its next use
+    heap: list[tuple[int, int]] = []  # (-next use, chunk), stale entries skipped lazily
+    out = Replay()
+    for i, (cid, write) in enumerate(zip(trace.chunks, trace.writes)):
+        out.access(write, cid in cached)
+        if cid in cached:
+            pass
+        elif nxt[i] == never or capacity <= 0:
+            continue  # never used again: nothing to gain from caching it
+        elif len(cached) >= capacity:
+            while cached.get(heap[0][1]) != -heap[0][0]:
+                heapq.heappop(heap)
+            if -heap[0][0] <= nxt[i]:
+                continue  # every cached chunk is needed before this one: bypass
+            del cached[heapq.heappop(heap)[1]]
+        cached[cid] = nxt[i]
+        heapq.heappush(heap, (-nxt[i], cid))
+    out.cached = set(cached)
+    return out
+
+
+# ---- the table -----------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Row:
+    trace: Trace
+    shape: Shape
+    tierfs: Replay
+    lru: Replay
+    opt: Replay
+    lru_watermarks: Replay
+
+    @property
+    def vs_opt(self) -> float | None:
+        return self.tierfs.hits / self.opt.hits if self.opt.hits else None
+
+    @property
+    def vs_lru(self) -> float | None:
+        return self.tierfs.hits / self.lru.hits if self.lru.hits else None
+
+    @property
+    def passed(self) -> bool:
+        return self.tierfs.hits >= GOAL * self.opt.hits and self.tierfs.hits >= self.lru.hits
+
+
+def measure(trace: Trace, shape: Shape) -> Row:
+    return Row(trace, shape, replay_tierfs(trace, shape), replay_lru(trace, shape.capacity),
+               replay_opt(trace, shape.capacity),
+               replay_lru(trace, shape.capacity, shape.keep))
+
+
+def _ratio(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}x"
+
+
+def table(rows: list[Row]) -> Iterator[str]:
+    cols = ["trace", "cache", "accesses", "tierfs", "LRU", "OPT", "tierfs/OPT", "tierfs/LRU",
+            "result", "LRU, watermarks"]
+    data = [[r.trace.name, f"{r.shape.chunks} chunks", f"{len(r.trace.chunks)}",
+             f"{r.tierfs.ratio:.3f}", f"{r.lru.ratio:.3f}", f"{r.opt.ratio:.3f}",
+             _ratio(r.vs_opt), _ratio(r.vs_lru), "PASS" if r.passed else "MISS",
+             f"{r.lru_watermarks.ratio:.3f}"]
+            for r in rows]
+    widths = [max(len(c), *(len(d[i]) for d in data)) for i, c in enumerate(cols)]
+    right = set(range(1, 8)) | {9}
+
+    def line(cells: list[str]) -> str:
+        return "| " + " | ".join(c.rjust(w) if i in right else c.ljust(w)
+                                 for i, (c, w) in enumerate(zip(cells, widths))) + " |"
+    yield line(cols)
+    yield "|" + "|".join("-" * (w + 2) for w in widths) + "|"
+    yield from (line(d) for d in data)
+
+
+def make_trace(name: str, cache: int, seed: int) -> Trace:
+    """The named trace for a cache of `cache` chunks (deterministic for a seed)."""
+    return replace(TRACES[name](cache, random.Random(seed)), name=name)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--cache-chunks", type=int, default=1000,
+                    help="cache size in chunks (default 1000)")
+    ap.add_argument("--fill-time", type=float, action="append",
+                    help="seconds the clock takes to read one cache's worth of chunks "
+                         "(default 1024: a 1 TiB cache at 1 GiB/s); repeat for one table each")
+    ap.add_argument("--written-heat", type=float, choices=[0.0, 1.0], default=1.0,
+                    help="heat of a written chunk: 1 as tierfs does (default); 0 is a what-if "
+                         "(heat counts reads only), not what tierfs does today")
+    ap.add_argument("--pin", type=int, default=0, metavar="CHUNKS",
+                    help="tierfs only: pin the objects of the first CHUNKS chunk ids (whole "
+                         f"objects of {OBJECT_CHUNKS}), as `tierfs warm --pin` of part of a "
+                         "data set would; the data sets are the first ids of their traces")
+    ap.add_argument("--seed", type=int, default=15)
+    ap.add_argument("--trace", action="append", choices=list(TRACES),
+                    help="only this trace (repeatable; default: all)")
+    args = ap.parse_args(argv)
+    if args.cache_chunks < 40:
+        ap.error("--cache-chunks must be at least 40 (the watermarks are 5% apart)")
+    fill_times = args.fill_time or [Shape(args.cache_chunks).fill_time]
+    if not 0 <= args.pin <= args.cache_chunks:
+        ap.error("--pin must be 0 - the cache size in chunks")
+    if not all(0 < f < float("inf") for f in fill_times):
+        ap.error("--fill-time must be a number of seconds > 0")
+    start = time.monotonic()
+    traces = [make_trace(name, args.cache_chunks, args.seed) for name in args.trace or TRACES]
+    passed = True
+    for fill_time in fill_times:
+        shape = Shape(args.cache_chunks, fill_time=fill_time, written_heat=args.written_heat,
+                      pinned=args.pin)
+        rows = [measure(trace, shape) for trace in traces]
+        passed &= all(r.passed for r in rows)
+        print(f"\neviction quality, read hit ratio: cache {shape.chunks} chunks, one cache of "
+              f"reads every {fill_time:g} s (heat half-life {shape.half_life:g} s), "
+              f"watermarks {shape.high}/{shape.low}, seed {args.seed}"
+              + ("" if shape.written_heat == 1 else "; WHAT-IF: written chunks at heat "
+                 f"{shape.written_heat:g} (tierfs today: 1)")
+              + (f"; tierfs with the objects of chunks 0-{shape.pinned // OBJECT_CHUNKS * OBJECT_CHUNKS - 1} pinned"
+                 if shape.pinned >= OBJECT_CHUNKS else ""))
+        print(f"LRU and OPT hold {shape.capacity} chunks (tierfs's most); LRU, watermarks: "
+              f"evicts down to {shape.keep} as tierfs; goal >= {GOAL}x OPT and >= LRU")
+        for text in table(rows):
+            print(text)
+    print()
+    for trace in traces:
+        writes = len(trace.chunks) - trace.reads
+        print(f"  {trace.name}: {trace.what}" + (f"; {writes} of the accesses write" if writes
+                                                  else ""))
+    print(f"({time.monotonic() - start:.1f} s)")
+    return 0 if passed else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

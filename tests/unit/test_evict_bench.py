@@ -1,0 +1,142 @@
+"""bench/evict.py, the eviction-quality benchmark: its OPT and LRU are right on hand-checked
+cases, OPT bounds every policy it is compared with, and its replay of tierfs's policy is
+exactly what the real ChunkCache (LMDB, chunk files, fake clock) does with the same trace.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+from tierfs.cache.heat import eviction_order, touched
+from unitkit import FakeClock, make_cache, sample
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench"))
+import evict  # noqa: E402
+
+# the textbook reference string (Silberschatz, "Operating System Concepts"): with 3 frames
+# LRU faults 12 times of 20, Belady's OPT (always caching the page) 9 times
+TEXTBOOK = [7, 0, 1, 2, 0, 3, 0, 4, 2, 3, 0, 3, 2, 1, 2, 0, 1, 7, 0, 1]
+
+
+def reads(chunks: list[int]) -> evict.Trace:
+    return evict.Trace("hand", "hand-checked", chunks, [False] * len(chunks))
+
+
+def test_next_use_of_each_access():
+    assert evict.next_uses([1, 2, 3, 1, 2]) == [3, 4, 5, 5, 5]  # 5: never again
+
+
+def test_opt_bypasses_a_chunk_needed_after_everything_cached():
+    # capacity 2: 3 is never read again, so OPT keeps 1 and 2 and hits both; LRU evicts
+    # each just before its reuse
+    opt = evict.replay_opt(reads([1, 2, 3, 1, 2]), 2)
+    assert (opt.hits, opt.reads, list(opt.hit)) == (2, 5, [0, 0, 0, 1, 1])
+    assert evict.replay_lru(reads([1, 2, 3, 1, 2]), 2).hits == 0
+
+
+def test_opt_and_lru_on_the_textbook_string():
+    lru = evict.replay_lru(reads(TEXTBOOK), 3)
+    assert lru.reads - lru.hits == 12
+    opt = evict.replay_opt(reads(TEXTBOOK), 3)
+    # by hand: misses 7 0 1 2 (7 out: next at 17) 3 (1 out: at 13) 4 (bypassed: never
+    # again, where the textbook's OPT evicts 0 and faults on it later) 1 (3 out: never
+    # again) 7 (bypassed): 8, one fewer than the textbook's 9 which must cache every page
+    assert [i for i, h in enumerate(opt.hit) if not h] == [0, 1, 2, 3, 5, 7, 13, 17]
+    assert opt.cached == {0, 1, 2}
+
+
+def test_writes_are_fills_not_reads():
+    t = evict.Trace("w", "a write then two reads", [1, 2, 1], [True, False, False])
+    for r in (evict.replay_opt(t, 2), evict.replay_lru(t, 2)):
+        assert (r.hits, r.reads) == (1, 2)
+    with pytest.raises(ValueError):  # a write is a new version: never of a chunk seen before
+        evict.Trace("w", "rewrite", [1, 1], [False, True])
+
+
+def test_lru_with_watermarks_evicts_down_to_keep():
+    r = evict.replay_lru(reads([1, 2, 3, 4, 3]), 3, keep=1)
+    # 4 finds 1 2 3 cached: 1 and 2 go, 3 stays and is hit
+    assert r.cached == {3, 4} and r.hits == 1
+
+
+def test_a_chunk_not_read_yet_ranks_as_read_once_and_its_first_read_makes_heat_1():
+    # the what-if --written-heat 0 relies on this (heat counts reads only)
+    hl = 1800.0
+    assert eviction_order(0.0, 100.0, hl) == eviction_order(1.0, 100.0, hl)
+    assert eviction_order(1.0, 50.0, hl) < eviction_order(0.0, 100.0, hl) < eviction_order(
+        2.0, 100.0, hl)
+    assert touched(0.0, 100.0, 200.0, hl) == 1.0
+
+
+def test_written_heat_0_keeps_every_restored_checkpoint_here():
+    """The README's what-if on a small cache: with writes at heat 0 no restore misses
+    (the data set's twice-read chunks no longer outrank an unread checkpoint)."""
+    t = evict.make_trace("checkpoints", 100, seed=15)
+    restores = [i for i, c in enumerate(t.chunks) if c >= 200 and not t.writes[i]]
+    shape = evict.Shape(100, fill_time=2.0)
+    now = evict.replay_tierfs(t, shape)
+    what_if = evict.replay_tierfs(t, evict.Shape(100, fill_time=2.0, written_heat=0.0))
+    assert restores and all(what_if.hit[i] for i in restores)
+    assert not all(now.hit[i] for i in restores)
+
+
+@pytest.mark.parametrize("fill_time", [20.0, 8192.0])
+@pytest.mark.parametrize("name", list(evict.TRACES))
+def test_opt_bounds_tierfs_and_lru_on_every_trace(name, fill_time):
+    shape = evict.Shape(40, fill_time=fill_time)
+    row = evict.measure(evict.make_trace(name, shape.chunks, seed=3), shape)
+    assert row.trace.reads > 0 and row.opt.hits > 0
+    for other in (row.tierfs, row.lru, row.lru_watermarks):
+        assert other.reads == row.opt.reads
+        assert other.hits <= row.opt.hits
+    assert len(row.tierfs.cached) <= shape.capacity
+    assert row.passed == (row.tierfs.hits >= 0.9 * row.opt.hits
+                          and row.tierfs.hits >= row.lru.hits)
+
+
+def test_traces_are_deterministic_for_a_seed():
+    for name in evict.TRACES:
+        assert evict.make_trace(name, 40, 7) == evict.make_trace(name, 40, 7)
+
+
+def test_bad_options_are_one_line(capsys):
+    with pytest.raises(SystemExit) as e:
+        evict.main(["--cache-chunks", "3"])
+    assert e.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1].endswith("at least 40 "
+                                                                     "(the watermarks are 5% apart)")
+
+
+@pytest.mark.parametrize("name", ["checkpoints", "hot+scans", "zipf"])
+async def test_replay_is_what_chunk_cache_does(tmp_path, name):
+    """The same trace through the real ChunkCache (read with touch, fill on a miss or a
+    write) hits on the same accesses and ends with the same chunks cached."""
+    shape = evict.Shape(40, chunk_bytes=4096, fill_time=60.0)
+    trace = evict.make_trace(name, shape.chunks, seed=5)
+    bench = evict.replay_tierfs(trace, shape)
+    clock = FakeClock(evict.START)
+    rig = make_cache(str(tmp_path), cache_size=shape.budget, clock=clock,
+                     half_life=shape.half_life, high=shape.high, low=shape.low)
+    data = bytes(shape.chunk_bytes)
+    hits = bytearray()
+
+    def key_of(cid: int) -> bytes:
+        obj, index = evict.object_chunk(cid, shape.chunk_bytes)
+        return obj.chunk_key(index)
+    try:
+        for i, (cid, write) in enumerate(zip(trace.chunks, trace.writes)):
+            clock.now = evict.START + i * shape.step
+            obj, _ = evict.object_chunk(cid, shape.chunk_bytes)
+            key = key_of(cid)
+            got = None if write else await rig.cache.read(key, 0, 0, touch=True)
+            hits.append(got is not None)
+            if got is None:
+                await rig.cache.fill(obj, key, data)
+        assert sample(rig.metrics, "tierfs_cache_evictions_total") > 0
+        assert bench.hits > 0 and hits == bench.hit
+        assert {cid for cid in set(trace.chunks) if rig.cache.has(key_of(cid))} == bench.cached
+    finally:
+        rig.close()
