@@ -123,21 +123,38 @@ class Callers:
         self._cache: OrderedDict[tuple[int, int], tuple[float, str]] = OrderedDict()
 
     def reader(self, pid: int, uid: int) -> str:
+        found = self.cached(pid, uid)
+        if found is None:
+            found = self.resolve(pid, uid)
+            self.store(pid, uid, found)
+        return found
+
+    # The daemon splits `reader` in three: `cached` on the trio thread (a dict lookup),
+    # `resolve` in a worker thread (it reads /proc, up a process tree), `store` back on the
+    # trio thread. The cache is touched on one thread only.
+
+    def cached(self, pid: int, uid: int) -> str | None:
+        """The reader remembered for this caller, or None (unknown or too old)."""
         key = (pid, uid)
-        now = self._clock()
         hit = self._cache.get(key)
-        if hit is not None and now - hit[0] < self.ttl_s:
-            self._cache.move_to_end(key)
-            return hit[1]
+        if hit is None or self._clock() - hit[0] >= self.ttl_s:
+            return None
+        self._cache.move_to_end(key)
+        return hit[1]
+
+    def resolve(self, pid: int, uid: int) -> str:
+        """The reader of a caller, from /proc (no cache; safe in any thread); never raises."""
         try:
-            found = self._resolve(pid, uid)
+            return self._resolve(pid, uid)
         except Exception:  # noqa: BLE001 - garbage in /proc must not fail a read
-            found = f"uid:{uid}"
-        self._cache[key] = (now, found)
+            return f"uid:{uid}"
+
+    def store(self, pid: int, uid: int, reader: str) -> None:
+        key = (pid, uid)
+        self._cache[key] = (self._clock(), reader)
         self._cache.move_to_end(key)
         while len(self._cache) > self.max_pids:
             self._cache.popitem(last=False)
-        return found
 
     def _resolve(self, pid: int, uid: int) -> str:
         if pid <= 0:  # a request the kernel made on its own

@@ -574,6 +574,10 @@ class MountConfig(BaseModel):
     # a backend request running longer than this logs one WARNING and counts a stall
     stall_warn: _duration_type(lo_open=True) = _field(
         10.0, "duration", ">0 - 365d", "a backend request this slow logs a WARNING")
+    # a read that waits on the store, a peer or the fetch queue longer than this is a stall:
+    # tierfs_read_stall_seconds, the stall log of `tierfs status`, usage's stall seconds
+    stall_threshold: _duration_type() = _field(
+        0.05, "duration", "0 - 365d", "a read waiting this long on a fetch is a stall")
     # a mount of a cache dir with an index waits this long for the store, then mounts
     # degraded (serving what is cached) instead of failing
     startup_timeout: _duration_type(lo_open=True) = _field(

@@ -40,6 +40,7 @@ from .protocol import (IDLE_TIMEOUT_S, MAX_REQUEST, PROTOCOL, EvictRequest, Requ
 from .warm import Warmer
 
 if TYPE_CHECKING:
+    from .stalls import StallLog
     from .usage import Tally, Usage
 
 log = logging.getLogger(__name__)
@@ -51,7 +52,8 @@ class ControlServer:
     def __init__(self, path: str, warmer: Warmer, cache: ChunkCache, metrics: Metrics, *,
                  info: dict, uploads_pending: Callable[[], int], warm_concurrency: int,
                  peers: PeerTier | None = None, usage: "Usage | None" = None,
-                 capacity: CapacityHistory | None = None) -> None:
+                 capacity: CapacityHistory | None = None,
+                 stalls: "StallLog | None" = None) -> None:
         self.path = path
         self.warmer = warmer
         self.cache = cache
@@ -62,6 +64,7 @@ class ControlServer:
         self.peers = peers
         self.usage = usage  # bytes read and stalls per tenant and reader (tierfs/usage.py)
         self.capacity = capacity  # the sampled history behind `usage --forecast`
+        self.stalls = stalls  # the slowest recent stalled reads (tierfs/stalls.py)
         self._started = time.time()
 
     async def serve(self, task_status: trio.TaskStatus = trio.TASK_STATUS_IGNORED) -> None:
@@ -172,7 +175,9 @@ class ControlServer:
                 # mpu_create + upload_part + mpu_complete, never a put
                 "backend_requests": _per_op(m, "tierfs_backend_requests_total"),
                 "backend_errors": _per_op(m, "tierfs_backend_errors_total"),
-                "peers": None if self.peers is None else self.peers.status()}
+                "peers": None if self.peers is None else self.peers.status(),
+                # reads that waited on a fetch past stall_threshold: totals, the slowest
+                "stalls": None if self.stalls is None else self.stalls.report().to_json()}
 
     async def warm(self, req: WarmRequest, send: Any) -> dict:
         paths, check, ttl = req.paths, req.check, req.pin_ttl  # typed and ranged (protocol.py)

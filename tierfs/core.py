@@ -4,8 +4,9 @@ The daemon and the in-process test harness (tests/unit/unitkit.py) build the cor
 and only here, so what the tests drive is what the daemon runs: the chunk cache over its
 recovered cache dir, the fetcher and read-ahead, write-back with its journal recovered,
 the namespace, file I/O and warm, and the background services (index flusher, uploaders,
-orphaned-upload cleanup, pin expiry, the stall watch, the store's health probe) under the
-`Tasks` supervisor: a service that fails is logged, counted and started again.
+orphaned-upload cleanup, pin expiry, the stall watch, the store's health probe, the
+usage flusher) under the `Tasks` supervisor: a service that fails is logged, counted and
+started again.
 
 What stays in daemon.py is what needs a kernel or a process: mount point checks, the
 cache-dir lock, the bucket check, the control socket, pyfuse3, signals and the drain at
@@ -38,6 +39,7 @@ from .cache import ChunkCache
 from .cache.disk import DiskTier
 from .cache.evictor import Evictor
 from .cache.memory import MemoryTier
+from .callers import Callers
 from .capacity import CapacityHistory
 from .config import MountConfig, read_peer_secret
 from .errors import StartupError
@@ -51,7 +53,9 @@ from .peers import Membership, Peer, PeerClient, PeerServer, PeerTier
 from .peers.wire import MAX_CHUNK
 from .peerserve import PeerServe
 from .prefetch import Prefetcher
+from .stalls import StallLog
 from .tasks import Tasks, sole_exception
+from .usage import Usage
 from .warm import Warmer
 from .writeback import WriteBack
 
@@ -99,6 +103,8 @@ class Core:
     chunks_dropped: int
     files_recovered: int  # journaled files with unsaved writes, queued for upload
     capacity: CapacityHistory | None = None  # the sampled history for `usage --forecast`
+    usage: Usage | None = None  # bytes read and stalls per tenant and reader
+    stalls: StallLog | None = None  # reads that waited on a fetch past stall_threshold
 
     def cancel(self) -> None:
         """Stop every background task now (the daemon at unmount, after its drain)."""
@@ -169,6 +175,8 @@ async def build_core(cfg: MountConfig, backend: Backend | AsyncBackend, *,
         finally:
             with trio.CancelScope(shield=True):
                 await cache.flush_index()
+                if core is not None and core.usage is not None:
+                    await _flush_usage(core.usage)
                 if core is not None and core.peers is not None:
                     await core.peers.client.aclose()  # the idle keep-alive connections
             cache.close()  # the chunk files the disk tier keeps open
@@ -194,14 +202,20 @@ def _wire(cfg: MountConfig, metrics: Metrics, backend: AsyncBackend, meta: MetaS
                    tasks=tasks, head_max_size=cfg.meta_head_max_size,
                    # a shared mount's directories show their real modes from the start
                    head_dirs=cfg.allow_other and cfg.meta_head_max_size >= 0)
+    # who reads what (docs/tenants.md, "Readers"), and the reads that stalled
+    usage = Usage(meta, metrics, clock=clock)
+    stalls = StallLog(metrics, threshold_s=cfg.stall_threshold, tenants=cfg.tenants.names(),
+                      clock=clock)
     fileio = FileIO(ns, cache, fetcher, prefetcher, metrics, bucket=cfg.source.bucket,
-                    writeback=wb, rename_max_objects=cfg.rename_max_objects)
+                    writeback=wb, rename_max_objects=cfg.rename_max_objects, usage=usage,
+                    callers=Callers(), tenant_of=cfg.tenants.of, stalls=stalls)
     warmer = Warmer(ns, cache, fetcher, metrics, bucket=cfg.source.bucket,
                     has_local_writes=wb.is_dirty)
     peers = _peer_tier(cfg, metrics) if cfg.peers is not None else None
     fetcher.peers = peers
     return Core(cfg, metrics, backend, meta, disk, evictor, memory, cache, tasks, fetcher,
-                prefetcher, wb, ns, fileio, warmer, peers, kept, dropped, recovered)
+                prefetcher, wb, ns, fileio, warmer, peers, kept, dropped, recovered,
+                usage=usage, stalls=stalls)
 
 
 def _peer_tier(cfg: MountConfig, metrics: Metrics) -> PeerTier:
@@ -263,11 +277,22 @@ def _start_services(core: Core) -> None:
         tasks.supervise("health-probe", core.backend.health.run)
     if core.capacity is not None:
         tasks.supervise("capacity-sampler", core.capacity.run)
+    if core.usage is not None:
+        tasks.supervise("usage-flusher", core.usage.run_flusher)
 
 
 def _tenant_of(cfg: MountConfig) -> Callable[[str], str] | None:
     tenants = getattr(cfg, "tenants", None)  # MountConfig.tenants (a TenantMap) once it lands
     return None if tenants is None else tenants.of
+
+
+async def _flush_usage(usage: Usage) -> None:
+    """The last usage counts into the index at close; a failure costs the report only
+    (at most the last flush interval), never the close."""
+    try:
+        await usage.flush()
+    except Exception as exc:  # noqa: BLE001 - usage is a report
+        log.warning("usage counts since the last flush not kept: %s", exc)
 
 
 async def _then_idle(fn: Callable[[], Awaitable[None]]) -> None:

@@ -67,6 +67,7 @@ def _bound_malloc() -> None:
         # would run `ldconfig -p` in a child process at every mount
         libc = ctypes.CDLL(None)
         libc.mallopt(-3, 1 << 20)  # M_MMAP_THRESHOLD
+        libc.mallopt(-8, 1)  # M_ARENA_MAX
     except (OSError, AttributeError) as exc:
         log.info("could not bound malloc (%s): memory may grow past the memory tier", exc)
 
@@ -121,7 +122,7 @@ async def _serve_locked(cfg: MountConfig, cache_dir: str, on_ready: Callable[[],
             info={"mountpoint": cfg.mountpoint, "source": str(cfg.source),
                   "cache_dir": cache_dir},
             uploads_pending=wb.pending, warm_concurrency=cfg.warm_concurrency,
-            peers=core.peers)
+            peers=core.peers, usage=core.usage, capacity=core.capacity, stalls=core.stalls)
         ops = FuseOps(cfg, core.namespace, core.fileio, core.cache, metrics)
         options = set(pyfuse3.default_options)
         options |= {"fsname=tierfs", "subtype=tierfs", "default_permissions"}

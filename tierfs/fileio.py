@@ -10,6 +10,14 @@ every handle, so readers on this node see what writers wrote.
 Operations that touch both the namespace and unsaved data (unlink, rename, truncate,
 chmod of a file being written) are composed here, since those two parts do not know
 each other.
+
+Who reads (docs/tenants.md, "Readers"): an open resolves its caller (the FUSE request's
+pid and uid) to a reader once (tierfs/callers.py: cached per pid; a miss reads /proc in
+a worker thread) and its key to a tenant once; each read then counts its bytes, by
+source, to both (tierfs/usage.py) where tierfs_read_bytes_total is counted. A read also
+measures how long it waited on fetches (its own GET or another's flight, a peer, the
+fetch queue); past `stall_threshold` that is a stall (tierfs/stalls.py, usage's stall
+seconds). Per read: a few clock reads, no label lookup, no I/O.
 """
 
 from __future__ import annotations
@@ -19,11 +27,14 @@ import logging
 import os
 import time
 from dataclasses import dataclass, field
+from time import perf_counter
+from typing import Callable
 
 import trio
 
 from .attrs import MAX_FILE_SIZE, Attrs, without_privs
 from .cache import ChunkCache, ObjectVersion
+from .callers import Callers
 from .errors import (BackendError, CrossDevice, Exists, FileTooBig, InvalidArgument,
                      IsADirectory, NotADirectory, NotFound, PreconditionFailed, StaleObject)
 from .fetch import Fetcher
@@ -31,9 +42,13 @@ from .meta import Inode
 from .metrics import Metrics
 from .namespace import Caller, Namespace
 from .prefetch import Prefetcher, ReadPattern
+from .stalls import StallLog
+from .tenants import DEFAULT
+from .usage import SOURCES, Usage
 from .writeback import DirtyFile, WriteBack
 
 RENAME_NOREPLACE, RENAME_EXCHANGE = 1, 2
+_RANK = {"memory": 0, "disk": 1, "peer": 2, "backend": 3}  # nearest to furthest source
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR
 
 log = logging.getLogger(__name__)
@@ -51,12 +66,17 @@ class OpenFile:
     wrote: bool = False
     # opened or read while the file had unsaved writes: its version is the DirtyFile's
     read_unsaved: bool = False
+    tenant: str = DEFAULT  # of the key at open (tierfs/tenants.py)
+    reader: str = "uid:0"  # the opener: job:N, pod:UID or uid:N (tierfs/callers.py)
 
 
 class FileIO:
     def __init__(self, namespace: Namespace, cache: ChunkCache, fetcher: Fetcher,
                  prefetcher: Prefetcher, metrics: Metrics, *, bucket: str,
-                 writeback: WriteBack | None = None, rename_max_objects: int = 1000) -> None:
+                 writeback: WriteBack | None = None, rename_max_objects: int = 1000,
+                 usage: Usage | None = None, callers: Callers | None = None,
+                 tenant_of: Callable[[str], str] | None = None,
+                 stalls: StallLog | None = None) -> None:
         self.ns = namespace
         self.wb = writeback
         self.rename_max_objects = rename_max_objects
@@ -73,14 +93,27 @@ class FileIO:
         # inodes whose kernel-cached size or pages may belong to another version: an old
         # handle's short read at its EOF makes the kernel shrink the file's size
         self._kernel_stale: set[int] = set()
+        self.usage = usage
+        self.callers = callers
+        self.tenant_of = tenant_of
+        self.stalls = stalls
+        # a wait this long is a stall; without a stall log, none is
+        self._stall_threshold = stalls.threshold_s if stalls is not None else float("inf")
+        # labelled children looked up once: a read makes no label lookup
+        self._read_bytes = {s: metrics.read_bytes.labels(s) for s in SOURCES}
+        self._read_seconds = {s: metrics.read_seconds.labels(s) for s in SOURCES}
 
-    async def open(self, ino: int, flags: int = os.O_RDONLY) -> tuple[OpenFile, bool]:
-        """Open a file: (handle, whether the kernel may keep its cached pages)."""
+    async def open(self, ino: int, flags: int = os.O_RDONLY, pid: int = 0,
+                   uid: int = 0) -> tuple[OpenFile, bool]:
+        """Open a file for the caller `pid`, `uid` (the FUSE request's): (handle, whether
+        the kernel may keep its cached pages)."""
         node = self.ns.inode(ino)
         if node.is_dir:
             raise IsADirectory(node.key)
         node = await self.ns.revalidate(node)
+        reader = await self._reader(pid, uid)
         h = OpenFile(next(self._next_fh), node, self._version(node))
+        self._attribute(h, reader)
         if flags & _WRITE_FLAGS:
             h.dirty = self._open_dirty(node, truncate=bool(flags & os.O_TRUNC))
             if flags & os.O_TRUNC:
@@ -104,10 +137,30 @@ class FileIO:
         return self.wb.open(node.ino, node.key, base, truncate=truncate,
                             metadata=node.attrs.to_metadata(node.kind))
 
+    async def _reader(self, pid: int, uid: int) -> str:
+        """The caller as a reader: a dict lookup, or /proc read in a worker thread once
+        per process (and TTL); a request the kernel made itself (pid 0) is its uid."""
+        callers = self.callers
+        if callers is None:
+            return f"uid:{uid}"
+        found = callers.cached(pid, uid)
+        if found is None:
+            found = (callers.resolve(pid, uid) if pid <= 0
+                     else await trio.to_thread.run_sync(callers.resolve, pid, uid))
+            callers.store(pid, uid, found)
+        return found
+
+    def _attribute(self, h: OpenFile, reader: str) -> None:
+        h.reader = reader
+        if self.tenant_of is not None:
+            h.tenant = self.tenant_of(h.node.key)
+
     async def create(self, parent: int, name: bytes, perm: int,
-                     caller: Caller = Caller()) -> tuple[OpenFile, Inode]:
+                     caller: Caller = Caller(), pid: int = 0) -> tuple[OpenFile, Inode]:
+        reader = await self._reader(pid, caller.uid)
         node = self.ns.create_file(parent, name, perm, caller)
         h = OpenFile(next(self._next_fh), node, self._version(node))
+        self._attribute(h, reader)
         h.dirty = self._open_dirty(node, truncate=True)
         self._handles[h.fh] = h
         self._opened_etag[node.ino] = node.etag
@@ -166,19 +219,30 @@ class FileIO:
         end = min(offset + size, obj.size)
         if offset >= end:
             return b""
+        t0 = perf_counter()
         self.prefetcher.on_read(obj, h.pattern, offset, end)
         cs, bs = self.chunk_size, self.cache.block_size
+        usage = self.usage
         pieces: list[bytes | memoryview] = []
+        served = "memory"  # the furthest source the read was served from (its latency's)
+        waited = longest = 0.0  # time waited on fetches; the longest single wait...
+        delay = "queue"  # ...and what it waited on
         for index in range(offset // cs, (end - 1) // cs + 1):
             base = index * cs
             lo, hi = max(offset, base) - base, min(end, base + cs) - base
             first, last = lo // bs, (hi - 1) // bs
             ckey = obj.chunk_key(index)
             first_access = index not in h.touched and index not in h.pattern.fetched
+            t = perf_counter()
             await self.prefetcher.settled(ckey)  # do not read what is being brought in
+            w = perf_counter() - t  # a read-ahead of this chunk under way: the fetch queue
+            waited += w
+            if w > longest:
+                longest, delay = w, "queue"
             hit = await self.cache.read(ckey, first, last, touch=first_access)
             if hit is not None:
                 data, source = hit
+                tier = source
                 # bytes read ahead for this handle count where they really came from
                 if index in h.pattern.fetched:
                     source = h.pattern.fetched[index]
@@ -187,14 +251,35 @@ class FileIO:
                 skip = first * bs
                 pieces.append(memoryview(data)[lo - skip:hi - skip])
             else:
+                t = perf_counter()
                 data, source = await self.fetcher.fetch(obj, index, access=first_access)
+                w = perf_counter() - t
+                waited += w
+                if w > longest:
+                    # a tier here: the chunk was stored while this read waited for the
+                    # fetcher's backpressure (the queue)
+                    longest, delay = w, source if source in ("backend", "peer") else "queue"
+                tier = source
                 pieces.append(memoryview(data)[lo:hi])
             h.touched.add(index)
-            self.metrics.read_bytes.labels(source).inc(hi - lo)
+            self._read_bytes[source].inc(hi - lo)
+            if usage is not None:
+                usage.read(h.tenant, h.reader, source, hi - lo)
+            if _RANK[tier] > _RANK[served]:
+                served = tier
         h.served = True
+        self._read_seconds[served].observe(perf_counter() - t0)
+        if waited > self._stall_threshold:
+            self._stalled(h, offset, waited, delay)
         # a view, not a copy: pyfuse3 replies from any contiguous buffer, at once (nothing
         # runs between this return and the reply that could change the bytes under it)
         return pieces[0] if len(pieces) == 1 else b"".join(pieces)
+
+    def _stalled(self, h: OpenFile, offset: int, waited: float, delay: str) -> None:
+        assert self.stalls is not None  # the threshold is infinite without a log
+        self.stalls.observe(h.obj.key, offset, waited, delay, h.tenant, h.reader)
+        if self.usage is not None:
+            self.usage.stalled(h.tenant, h.reader, waited)
 
     # ---- writes ----------------------------------------------------------------------
 

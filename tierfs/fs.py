@@ -188,7 +188,8 @@ class FuseOps(pyfuse3.Operations):
     async def open(self, inode: int, flags: int, ctx: Any) -> pyfuse3.FileInfo:
         if flags & (os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND):
             self._writable()
-        h, keep = await self.io.open(inode, flags)
+        # the caller is who reads through this handle (usage: docs/tenants.md, "Readers")
+        h, keep = await self.io.open(inode, flags, ctx.pid, ctx.uid)
         if not keep:
             # the kernel may hold the size of an older version from its last lookup; make it
             # ask again, or reads would stop at the old size. Attribute-only invalidation
@@ -228,7 +229,7 @@ class FuseOps(pyfuse3.Operations):
                      ctx: Any) -> tuple[pyfuse3.FileInfo, pyfuse3.EntryAttributes]:
         self._writable()
         h, node = await self.io.create(parent_inode, name, self._perm(mode, ctx),
-                                       self._caller(ctx))
+                                       self._caller(ctx), ctx.pid)
         return pyfuse3.FileInfo(fh=h.fh), self._attrs(node)
 
     @_op("write")

@@ -16,6 +16,11 @@ disable_created_metrics()
 # FUSE answers in microseconds when cached, backend calls in tens of milliseconds.
 _LATENCY_BUCKETS = (0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
                     0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+# a read from the memory tier takes tens of microseconds
+_READ_BUCKETS = (0.00001, 0.000025, 0.00005) + _LATENCY_BUCKETS
+# a stall is past the threshold (50 ms by default) and at most the GET budget (~212 s)
+_STALL_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0,
+                  300.0)
 
 
 class Metrics:
@@ -38,6 +43,17 @@ class Metrics:
                                      registry=r)
         self.read_bytes = Counter("tierfs_read_bytes", "Bytes returned to readers by source",
                                   ["source"], registry=r)
+        # one observation per FUSE read, under the furthest source it touched (a read of
+        # memory and backend chunks is a backend read): p50/p99 per tier
+        self.read_seconds = Histogram("tierfs_read_seconds",
+                                      "Time to serve a read, by the furthest source it used",
+                                      ["source"], buckets=_READ_BUCKETS, registry=r)
+        # reads that waited on the store, a peer or the fetch queue past --stall-threshold;
+        # tenant names come from the mount's config (bounded)
+        self.read_stall_seconds = Histogram("tierfs_read_stall_seconds",
+                                            "Reads that waited on a fetch past the stall "
+                                            "threshold: the wait", ["tenant"],
+                                            buckets=_STALL_BUCKETS, registry=r)
         self.backend_requests = Counter("tierfs_backend_requests", "Requests sent to the object store",
                                         ["op"], registry=r)
         self.backend_seconds = Histogram("tierfs_backend_request_seconds",
