@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Eviction quality: tierfs's evictor beside plain LRU and Belady's OPT on the same traces.
 
-    .venv/bin/python bench/evict.py [--cache-chunks N] [--fill-time S]... [--seed N] [--trace NAME]...
+    .venv/bin/python bench/evict.py [--cache-chunks N] [--fill-time S]... [--trace NAME]...
 
 Replays chunk-granular access traces (defined in bench/README.md, "Eviction quality")
 through the real policy code, tierfs/cache/evictor.py (`Evictor.victims`) and
@@ -9,8 +9,8 @@ tierfs/cache/heat.py (`touched`), driven the way ChunkCache drives them: a read 
 indexed chunk is a hit and touches its heat; a miss, or a write of a new chunk, is a
 fill, which first asks the evictor for room (budget from a statvfs stub with plenty of
 free space, so the budget is the cache size; the high/low watermarks) and then indexes
-the chunk with heat 1. An injected clock advances by fill_time / cache chunks per access. Prints each
-trace's read hit ratio beside plain LRU and offline OPT with the same capacity, and
+the chunk with heat 1. An injected clock advances by fill_time / cache chunks per access.
+Prints each trace's read hit ratio beside plain LRU and offline OPT with the same capacity, and
 whether tierfs reaches the issue's goal (>= 0.9x OPT, never below LRU).
 
 Capacities: tierfs never holds more than floor(high * cache_size / chunk) chunks (it
@@ -18,6 +18,7 @@ evicts when a fill would pass `high`, down to `low`); LRU and OPT hold exactly t
 evicting one chunk at a time, so they never have less room than tierfs. OPT may decline
 to cache a chunk (bypass) whose next use is the farthest: an upper bound for any policy.
 No I/O, no timing: the figures are counts, the same on every run with the same seed.
+Exit status 1 when a trace misses the goal, 2 for bad options.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ import sys
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field, replace
-from typing import Callable, Iterator
+from typing import Callable, Iterator, NoReturn
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from tierfs.cache.evictor import Evictor  # noqa: E402
@@ -220,6 +221,10 @@ class Shape:
         return int(self.high * self.budget) // self.chunk_bytes
 
     @property
+    def pinned_objects(self) -> int:
+        return self.pinned // OBJECT_CHUNKS
+
+    @property
     def keep(self) -> int:
         """Chunks left after a fill past `high` evicts (Evictor: down to low * budget less
         the incoming chunk)."""
@@ -265,8 +270,8 @@ def replay_tierfs(trace: Trace, shape: Shape) -> Replay:
     ids: dict[bytes, int] = {}
     index: dict[bytes, ChunkRecord] = {}
     used, length, out = 0, shape.chunk_bytes, Replay()
-    pinned = {object_chunk(cid, length)[0].oid
-              for cid in range(0, shape.pinned // OBJECT_CHUNKS * OBJECT_CHUNKS)}
+    pinned = {object_chunk(n * OBJECT_CHUNKS, length)[0].oid
+              for n in range(shape.pinned_objects)}
     for i, (cid, write) in enumerate(zip(trace.chunks, trace.writes)):
         now = START + i * shape.step
         key = keys.get(cid)
@@ -401,13 +406,19 @@ def table(rows: list[Row]) -> Iterator[str]:
     yield from (line(d) for d in data)
 
 
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:  # one line, no usage block
+        sys.stderr.write(f"evict.py: error: {message} (see --help)\n")
+        sys.exit(2)
+
+
 def make_trace(name: str, cache: int, seed: int) -> Trace:
     """The named trace for a cache of `cache` chunks (deterministic for a seed)."""
     return replace(TRACES[name](cache, random.Random(seed)), name=name)
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = _Parser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--cache-chunks", type=int, default=1000,
                     help="cache size in chunks (default 1000)")
     ap.add_argument("--fill-time", type=float, action="append",
@@ -424,8 +435,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--trace", action="append", choices=list(TRACES),
                     help="only this trace (repeatable; default: all)")
     args = ap.parse_args(argv)
-    if args.cache_chunks < 40:
-        ap.error("--cache-chunks must be at least 40 (the watermarks are 5% apart)")
+    if not 40 <= args.cache_chunks <= 10000:
+        ap.error("--cache-chunks must be 40 - 10000 (the watermarks are 5% apart; the zipf "
+                 "trace is 50x the cache)")
     fill_times = args.fill_time or [Shape(args.cache_chunks).fill_time]
     if not 0 <= args.pin <= args.cache_chunks:
         ap.error("--pin must be 0 - the cache size in chunks")
@@ -439,13 +451,15 @@ def main(argv: list[str] | None = None) -> int:
                       pinned=args.pin)
         rows = [measure(trace, shape) for trace in traces]
         passed &= all(r.passed for r in rows)
+        notes = [f"seed {args.seed}"]
+        if shape.written_heat != 1:
+            notes.append(f"WHAT-IF: written chunks at heat {shape.written_heat:g} (tierfs: 1)")
+        if shape.pinned_objects:
+            notes.append(f"tierfs with chunks 0-{shape.pinned_objects * OBJECT_CHUNKS - 1} "
+                         "pinned")
         print(f"\neviction quality, read hit ratio: cache {shape.chunks} chunks, one cache of "
               f"reads every {fill_time:g} s (heat half-life {shape.half_life:g} s), "
-              f"watermarks {shape.high}/{shape.low}, seed {args.seed}"
-              + ("" if shape.written_heat == 1 else "; WHAT-IF: written chunks at heat "
-                 f"{shape.written_heat:g} (tierfs today: 1)")
-              + (f"; tierfs with the objects of chunks 0-{shape.pinned // OBJECT_CHUNKS * OBJECT_CHUNKS - 1} pinned"
-                 if shape.pinned >= OBJECT_CHUNKS else ""))
+              f"watermarks {shape.high}/{shape.low}; " + "; ".join(notes))
         print(f"LRU and OPT hold {shape.capacity} chunks (tierfs's most); LRU, watermarks: "
               f"evicts down to {shape.keep} as tierfs; goal >= {GOAL}x OPT and >= LRU")
         for text in table(rows):
