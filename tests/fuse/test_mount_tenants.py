@@ -1,5 +1,6 @@
 """Tenant quotas on a real mount (docs/tenants.md, "Quotas"): a tenant scanning far past
-its share does not push another tenant's working set out; without quotas it does."""
+its soft or hard share does not push another tenant's working set out; without quotas it
+does."""
 
 from __future__ import annotations
 
@@ -13,8 +14,10 @@ MiB = 1 << 20
 WORK = {f"work/{i}.bin": payload(f"work{i}", MiB) for i in range(4)}
 SCAN = {f"scan/{i:02}.bin": payload(f"scan{i}", MiB) for i in range(40)}
 ARGS = ["--cache-size", "16M", "--chunk-size", "1M", "--memory-cache-size", "0"]
-TENANTS = 'tenants={work = {prefixes = ["work/"]}, scan = {prefixes = ["scan/"], hard = "50%"}}'
-NO_QUOTAS = 'tenants={work = {prefixes = ["work/"]}, scan = {prefixes = ["scan/"]}}'
+
+
+def tenants(quota: str = "") -> str:
+    return f'tenants={{work = {{prefixes = ["work/"]}}, scan = {{prefixes = ["scan/"]{quota}}}}}'
 
 
 def gets(m: Mount) -> float:
@@ -36,10 +39,10 @@ def work_then_scan(m: Mount) -> tuple[float, float]:
     return gets(m) - before, peak
 
 
-def test_a_scan_past_its_hard_share_leaves_the_other_tenants_working_set(rgw, bucket, tmp_path):
+def test_a_scan_past_its_share_leaves_the_other_tenants_working_set(rgw, bucket, tmp_path):
     put_many(rgw.client(), bucket, {**WORK, **SCAN})
     with Mount(rgw, f"s3://{bucket}", tmp_path / "mnt", tmp_path / "cache",
-               [*ARGS, "-o", TENANTS]) as m:
+               [*ARGS, "-o", tenants(', hard = "50%"')]) as m:
         regets, peak = work_then_scan(m)
         assert regets == 0
         assert peak <= 8 * MiB  # 50% of the 16 MiB budget
@@ -53,9 +56,15 @@ def test_a_scan_past_its_hard_share_leaves_the_other_tenants_working_set(rgw, bu
         assert r.returncode == 1 and len(lines) == 1, r.stderr
         assert "tenant scan are 10.0 MiB (10 files)" in lines[0]
         assert "hard share is 50% = 8.0 MiB of the 16.0 MiB budget" in lines[0]
-    # the same reads without quotas: the scan pushes the working set out
+    # a soft share: the scanner goes first when the cache must evict, down to its share
     with Mount(rgw, f"s3://{bucket}", tmp_path / "mnt2", tmp_path / "cache2",
-               [*ARGS, "-o", NO_QUOTAS]) as m:
+               [*ARGS, "-o", tenants(', soft = "50%"')]) as m:
+        regets, peak = work_then_scan(m)
+        assert regets == 0
+        assert m.counter("tierfs_tenant_cache_bytes", tenant="work", kind="cached") == 4 * MiB
+    # the same reads without quotas: the scan pushes the working set out
+    with Mount(rgw, f"s3://{bucket}", tmp_path / "mnt3", tmp_path / "cache3",
+               [*ARGS, "-o", tenants()]) as m:
         regets, peak = work_then_scan(m)
         assert regets == 4
         assert peak > 8 * MiB
