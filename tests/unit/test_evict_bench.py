@@ -5,6 +5,7 @@ exactly what the real ChunkCache (LMDB, chunk files, fake clock) does with the s
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 
@@ -13,8 +14,13 @@ import pytest
 from tierfs.cache.heat import eviction_order, touched
 from unitkit import FakeClock, make_cache, sample
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench"))
-import evict  # noqa: E402
+# loaded by path: putting bench/ on sys.path would let its run.py, write.py... shadow names
+_SPEC = importlib.util.spec_from_file_location("evict", os.path.join(
+    os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench", "evict.py"))
+assert _SPEC is not None and _SPEC.loader is not None
+evict = importlib.util.module_from_spec(_SPEC)
+sys.modules["evict"] = evict  # dataclasses look their module up
+_SPEC.loader.exec_module(evict)
 
 # the textbook reference string (Silberschatz, "Operating System Concepts"): with 3 frames
 # LRU faults 12 times of 20, Belady's OPT (always caching the page) 9 times
