@@ -33,6 +33,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable
 
 import trio
 
+from .analytics import Analytics
 from .backend.base import Backend
 from .backend.runner import AsyncBackend
 from .cache import ChunkCache
@@ -105,6 +106,7 @@ class Core:
     capacity: CapacityHistory | None = None  # the sampled history for `usage --forecast`
     usage: Usage | None = None  # bytes read and stalls per tenant and reader
     stalls: StallLog | None = None  # reads that waited on a fetch past stall_threshold
+    analytics: Analytics | None = None  # reads and LIST/HEAD per prefix, files per job
 
     def cancel(self) -> None:
         """Stop every background task now (the daemon at unmount, after its drain)."""
@@ -177,6 +179,8 @@ async def build_core(cfg: MountConfig, backend: Backend | AsyncBackend, *,
                 await cache.flush_index()
                 if core is not None and core.usage is not None:
                     await _flush_usage(core.usage)
+                if core is not None and core.analytics is not None:
+                    await _flush_usage(core.analytics)
                 if core is not None and core.peers is not None:
                     await core.peers.client.aclose()  # the idle keep-alive connections
             cache.close()  # the chunk files the disk tier keeps open
@@ -197,7 +201,10 @@ def _wire(cfg: MountConfig, metrics: Metrics, backend: AsyncBackend, meta: MetaS
     recovered = wb.recover()
     if recovered:
         log.info("%d files with unsaved writes recovered from the journal", recovered)
-    ns = Namespace(meta, backend, metrics, root_prefix=cfg.source.prefix,
+    # reads and metadata requests per prefix, files per job (`tierfs report`)
+    analytics = Analytics(meta, root_prefix=cfg.source.prefix, half_life_s=cfg.heat_half_life,
+                          clock=clock)
+    ns = Namespace(meta, backend, metrics, root_prefix=cfg.source.prefix, analytics=analytics,
                    ttl_s=cfg.metadata_ttl, clock=clock, has_local_writes=wb.is_dirty,
                    tasks=tasks, head_max_size=cfg.meta_head_max_size,
                    # a shared mount's directories show their real modes from the start
@@ -215,7 +222,7 @@ def _wire(cfg: MountConfig, metrics: Metrics, backend: AsyncBackend, meta: MetaS
     fetcher.peers = peers
     return Core(cfg, metrics, backend, meta, disk, evictor, memory, cache, tasks, fetcher,
                 prefetcher, wb, ns, fileio, warmer, peers, kept, dropped, recovered,
-                usage=usage, stalls=stalls)
+                usage=usage, stalls=stalls, analytics=analytics)
 
 
 def _peer_tier(cfg: MountConfig, metrics: Metrics) -> PeerTier:
@@ -279,6 +286,8 @@ def _start_services(core: Core) -> None:
         tasks.supervise("capacity-sampler", core.capacity.run)
     if core.usage is not None:
         tasks.supervise("usage-flusher", core.usage.run_flusher)
+    if core.analytics is not None:
+        tasks.supervise("analytics-flusher", core.analytics.run_flusher)
 
 
 def _tenant_of(cfg: MountConfig) -> Callable[[str], str] | None:
@@ -286,7 +295,7 @@ def _tenant_of(cfg: MountConfig) -> Callable[[str], str] | None:
     return None if tenants is None else tenants.of
 
 
-async def _flush_usage(usage: Usage) -> None:
+async def _flush_usage(usage: Usage | Analytics) -> None:
     """The last usage counts into the index at close; a failure costs the report only
     (at most the last flush interval), never the close."""
     try:

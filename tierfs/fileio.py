@@ -261,6 +261,9 @@ class FileIO:
                     longest, delay = w, source if source in ("backend", "peer") else "queue"
                 tier = source
                 pieces.append(memoryview(data)[lo:hi])
+            # access analytics per prefix and job (tierfs/analytics.py): dict updates only
+            self.ns.analytics.read(obj.key, obj.etag, obj.size, ckey, source, hi - lo,
+                                   index not in h.touched, h.reader)
             h.touched.add(index)
             self._read_bytes[source].inc(hi - lo)
             if usage is not None:
