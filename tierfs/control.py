@@ -1,4 +1,5 @@
-"""The control socket of a running mount: `tierfs status`, `warm`, `evict`, `unpin`, `usage`.
+"""The control socket of a running mount: `tierfs status`, `warm`, `evict`, `unpin`, `usage`,
+`report` (and its `job_files`).
 
 Transport: a unix stream socket (tierfs.runpaths.control_socket), mode 0600 in a 0700
 directory, and each connection's peer uid is checked (SO_PEERCRED): only root and the
@@ -35,8 +36,10 @@ from .capacity import CapacityHistory, forecast
 from .errors import StartupError, TierfsError, UsageError
 from .metrics import Metrics
 from .peers import PeerTier
-from .protocol import (IDLE_TIMEOUT_S, MAX_REQUEST, PROTOCOL, EvictRequest, Request,
-                       StatusRequest, UnpinRequest, UsageRequest, WarmRequest)
+from .protocol import (IDLE_TIMEOUT_S, MAX_REQUEST, PROTOCOL, EvictRequest, JobFilesRequest,
+                       ReportRequest, Request, StatusRequest, UnpinRequest, UsageRequest,
+                       WarmRequest)
+from .report import build_report, job_files
 from .warm import Warmer
 
 if TYPE_CHECKING:
@@ -211,6 +214,15 @@ class ControlServer:
         return await self.warmer.unpin(req.paths)
 
 
+    async def report(self, req: ReportRequest, send: Any) -> dict:
+        # the namespace holds the mount's Analytics (it feeds it the LIST/HEAD counts)
+        return await build_report(req, info=self.info, analytics=self.warmer.ns.analytics,
+                                  cache=self.cache, metrics=self.metrics,
+                                  capacity=self.capacity, stalls=self.stalls)
+
+    async def job_files(self, req: JobFilesRequest, send: Any) -> dict:
+        return job_files(req, self.warmer.ns.analytics)
+
     async def usage_of(self, req: UsageRequest, send: Any) -> dict:
         if self.usage is None:
             raise UsageError("this daemon keeps no usage accounting (a tierfs from before it)")
@@ -263,7 +275,8 @@ def _row(name: str, t: "Tally | None") -> dict:
 _OPS: dict[type[Request], Callable[..., Any]] = {
     StatusRequest: ControlServer.status, WarmRequest: ControlServer.warm,
     EvictRequest: ControlServer.evict, UnpinRequest: ControlServer.unpin,
-    UsageRequest: ControlServer.usage_of}
+    UsageRequest: ControlServer.usage_of, ReportRequest: ControlServer.report,
+    JobFilesRequest: ControlServer.job_files}
 
 
 def prepare_socket_dir(path: str) -> None:

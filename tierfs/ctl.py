@@ -1,4 +1,4 @@
-"""`tierfs status | warm | evict | unpin | usage`: clients of a running mount's control socket.
+"""`tierfs status | warm | evict | unpin | usage | report`: clients of a running mount's control socket.
 
 Paths name files, directories or glob patterns under a tierfs mount, as the user sees
 them; the mount is found in /proc/self/mountinfo (fstype fuse.tierfs, longest prefix)
@@ -13,6 +13,7 @@ Exit status: 0 done; 1 failed (one `tierfs: error:` line, plus one per failed pa
 from __future__ import annotations
 
 import argparse
+import glob
 import json
 import os
 import socket
@@ -458,25 +459,11 @@ def _usage(args: argparse.Namespace) -> int:
     if args.reader:
         fields["reader"] = args.reader
     encode("usage", fields)  # a bad --reader is one error line before any mount is asked
-    all_mounts = tierfs_mounts()
-    if args.mountpoint:
-        m, rel = locate(args.mountpoint, all_mounts)
-        if rel:
-            raise UsageError(f"{args.mountpoint} is inside the mount {m.mountpoint}, not its root")
-        targets = [m]
-    else:
-        targets = all_mounts
-        if not targets:
-            raise UsageError("no tierfs mount on this node")
     status = 0
-    for mount in targets:
-        try:
-            res = request(mount, "usage", **fields)
-        except ControlError as exc:
-            sys.stderr.write(f"tierfs: error: {exc}\n")
+    for mount, res in _ask_each(_targets(args.mountpoint), "usage", fields):
+        if res is None:
             status = 1
-            continue
-        if args.json:
+        elif args.json:
             _emit_json({"mountpoint": mount.mountpoint, **res})
         else:
             print(usage_table(mount.mountpoint, protocol.UsageResult.model_validate(res)))
@@ -513,6 +500,114 @@ def usage_table(mountpoint: str, r: protocol.UsageResult) -> str:
             lines.append(f"working set of {ws.tenant}: {format_size(ws.day)} in the last day, "
                          f"{format_size(ws.week)} in the last week (estimated)")
     return "\n".join(lines)
+
+
+def _targets(mountpoint: str | None) -> list[TierfsMount]:
+    """The mount a MOUNT argument names (its root), or every tierfs mount of this node."""
+    all_mounts = tierfs_mounts()
+    if mountpoint:
+        m, rel = locate(mountpoint, all_mounts)
+        if rel:
+            raise UsageError(f"{mountpoint} is inside the mount {m.mountpoint}, not its root")
+        return [m]
+    if not all_mounts:
+        raise UsageError("no tierfs mount on this node")
+    return all_mounts
+
+
+def _ask_each(targets: list[TierfsMount], op: str, fields: dict[str, object]
+              ) -> Iterator[tuple[TierfsMount, dict | None]]:
+    """Each mount's answer to one request; a mount that fails is one error line and None."""
+    for mount in targets:
+        try:
+            res = request(mount, op, **fields)
+        except ControlError as exc:
+            sys.stderr.write(f"tierfs: error: {exc}\n")
+            res = None
+        yield mount, res
+
+
+def _report(args: argparse.Namespace) -> int:
+    """`tierfs report [MOUNT] [--json | --html FILE]`, or `--manifest --job ID`."""
+    if args.manifest:
+        return _job_manifest(args)
+    if args.job is not None or args.since is not None:
+        raise UsageError("--job and --since go with --manifest")
+    if args.json and args.html:
+        raise UsageError("--json and --html: give one of them")
+    fields = {"top": args.top}
+    encode("report", fields)
+    targets = _targets(args.mountpoint)
+    if args.html and len(targets) > 1:
+        raise UsageError("--html writes one mount's page: name the MOUNT")
+    from . import reportpage  # the page's plotting library only when asked for
+
+    status = 0
+    for mount, res in _ask_each(targets, "report", fields):
+        if res is None:
+            status = 1
+            continue
+        if args.json:
+            _emit_json(res)
+            continue
+        r = protocol.ReportResult.model_validate(res)
+        if args.html:
+            doc = reportpage.page(r)
+            try:
+                with open(args.html, "w", encoding="utf-8") as f:
+                    f.write(doc)
+            except OSError as exc:
+                raise UsageError(f"cannot write {args.html}: {exc.strerror}") from None
+            print(f"{mount.mountpoint}: report written to {args.html}")
+        else:
+            print(reportpage.text(r))
+    return status
+
+
+def _job_manifest(args: argparse.Namespace) -> int:
+    """The files job ID read through the mounts, as `tierfs warm --manifest` reads them:
+    absolute paths, glob characters escaped (a file named `a[1]` is that file), names a
+    line cannot hold (a newline, surrounding blanks) left out and counted in a comment."""
+    if args.job is None:
+        raise UsageError("--manifest needs --job ID")
+    if args.json or args.html:
+        raise UsageError("--manifest prints a manifest: no --json or --html")
+    fields: dict[str, object] = {"job": args.job}
+    if args.since is not None:
+        since = parse_duration(args.since, "since")
+        if not 0 <= since <= MAX_DURATION:
+            raise UsageError("--since must be between 0 and 365d")
+        fields["since"] = since
+    encode("job_files", fields)
+    lines, known, status = [], False, 0
+    for mount, answer in _ask_each(_targets(args.mountpoint), "job_files", fields):
+        if answer is None:
+            status = 1
+            continue
+        res = protocol.JobFilesResult.model_validate(answer)
+        known |= res.known
+        skipped = 0
+        for f in res.files:
+            path = os.path.join(mount.mountpoint, f.path)
+            if "\n" in path or "\r" in path or path != path.strip():
+                skipped += 1
+            else:
+                lines.append(glob.escape(path))
+        if skipped:
+            lines.append(f"# {skipped} files of {mount.mountpoint} left out: their names "
+                         f"cannot be a manifest line")
+        if res.truncated:
+            lines.append(f"# job {args.job} read more files on {mount.mountpoint} than the "
+                         f"mount keeps per job: the list is partial")
+    if not known and status == 0:
+        raise UsageError(f"job {args.job} read nothing through "
+                         f"{args.mountpoint or 'any tierfs mount of this node'} "
+                         f"(or longer ago than the mounts keep)")
+    print(f"# tierfs report --manifest --job {args.job}: "
+          f"{sum(1 for ln in lines if not ln.startswith('#'))} files")
+    for line in lines:
+        print(line)
+    return status
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
@@ -564,3 +659,19 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                    help="only this reader: job:ID, pod:UID or uid:N (the Slurm epilog)")
     g.add_argument("--json", action="store_true", help="one JSON object per mount")
     g.set_defaults(run=_usage)
+
+    r = sub.add_parser("report", help="hot and cold data, hit ratios, stalls, metadata "
+                                      "pressure; --html: a page with plots; --manifest: "
+                                      "the files a job read")
+    r.add_argument("mountpoint", nargs="?", metavar="MOUNT",
+                   help="a tierfs mount point (default: every tierfs mount of this node)")
+    r.add_argument("--json", action="store_true", help="one JSON object per mount")
+    r.add_argument("--html", metavar="FILE", help="write one self-contained HTML page")
+    r.add_argument("--top", type=_positive_int, default=20, metavar="N",
+                   help="rows per list (default 20)")
+    r.add_argument("--manifest", action="store_true",
+                   help="print the files --job read, as `tierfs warm --manifest` reads them")
+    r.add_argument("--job", metavar="ID", type=_job_id, help="with --manifest: the Slurm job")
+    r.add_argument("--since", metavar="DURATION",
+                   help="with --manifest: only files read in the last DURATION (e.g. 12h)")
+    r.set_defaults(run=_report)

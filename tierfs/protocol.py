@@ -139,10 +139,28 @@ class UsageRequest(_Request):
     forecast: bool = False  # with the capacity history's forecast and working sets
 
 
-Request = StatusRequest | WarmRequest | EvictRequest | UnpinRequest | UsageRequest
+class ReportRequest(_Request):
+    """`tierfs report`: hot and cold prefixes, hit ratios, stalls, metadata pressure, the
+    cache by heat, eviction quality and the series behind the plots (docs/report.md)."""
+    op: Literal["report"] = "report"
+    top: Annotated[int, Field(ge=1, le=1000)] = 20  # rows per list
+    # a cached prefix not read for this long is cold
+    cold_after: Annotated[float, Field(gt=0, le=MAX_DURATION)] = 86400.0
+
+
+class JobFilesRequest(_Request):
+    """`tierfs report --manifest --job ID`: the files a Slurm job read through the mount."""
+    op: Literal["job_files"] = "job_files"
+    job: JobId
+    since: Annotated[float, Field(ge=0, le=MAX_DURATION)] | None = None  # seconds back
+
+
+Request = (StatusRequest | WarmRequest | EvictRequest | UnpinRequest | UsageRequest
+           | ReportRequest | JobFilesRequest)
 REQUESTS: dict[str, type[_Request]] = {"status": StatusRequest, "warm": WarmRequest,
                                        "evict": EvictRequest, "unpin": UnpinRequest,
-                                       "usage": UsageRequest}
+                                       "usage": UsageRequest, "report": ReportRequest,
+                                       "job_files": JobFilesRequest}
 
 
 def parse_request(line: bytes) -> Request:
@@ -338,9 +356,122 @@ class UsageResult(_Result):
     forecast: ForecastResult | None = None
 
 
+Ratio = Annotated[float, Field(ge=0, le=1)]
+Seconds = Annotated[float, Field(ge=0)]
+
+
+class PrefixRow(_Result):
+    """One prefix (the first path levels under the mount, "" its root) in a report."""
+    prefix: str
+    heat: Annotated[float, Field(ge=0)] = 0.0  # decayed bytes read
+    read: ReadBytes
+    hit_ratio: Ratio | None = None
+    reread_ratio: Ratio | None = None  # chunk accesses of data read before
+    accesses: Count = 0
+    refetches: Count = 0
+    lists: Count = 0
+    heads: Count = 0
+    last_read: float = 0.0  # epoch seconds; 0: never
+    cached: Count = 0  # bytes in the disk tier
+    total: Count = 0  # bytes of the files the namespace knows under it
+
+
+class ColdRow(_Result):
+    prefix: str
+    cached: Count
+    last_access: float  # the newest access of any of its cached chunks (epoch seconds)
+
+
+class LatencyRow(_Result):
+    source: str
+    reads: Count
+    p50: Seconds | None = None  # upper bounds of the histogram buckets they fall in
+    p99: Seconds | None = None
+
+
+class Bucket(_Result):
+    le: float | None  # upper bound (seconds, or heat); None: the +inf bucket
+    count: Annotated[float, Field(ge=0)]  # observations (stalls) or bytes (heat)
+
+
+class StallsPart(_Result):
+    threshold_s: Seconds | None = None
+    total: Count = 0
+    total_s: Seconds = 0.0
+    by_source: dict[str, Count] = {}
+    slowest: list[dict[str, Any]] = []
+    histogram: list[Bucket] = []  # tierfs_read_stall_seconds, all tenants
+    backend_stalls: Count = 0  # backend requests past --stall-warn
+
+
+class MetadataPart(_Result):
+    lists: Count
+    heads: Count
+    top: list[PrefixRow]  # the prefixes with the most LIST + HEAD requests
+
+
+class EvictionPart(_Result):
+    evictions: Count  # chunks evicted since the mount started
+    fetches: Count  # chunk accesses the store (or a peer) served
+    refetches: Count  # of those, chunks fetched before: evicted, then wanted again
+    refetch_ratio: Ratio | None = None
+
+
+class UsagePoint(_Result):
+    t: float
+    used: Count
+    budget: Count
+    pinned: Count = 0
+
+
+class RatioPoint(_Result):
+    t: float
+    hit_ratio: Ratio | None  # of the bytes read since the point before (the first: ever)
+    bytes: Count  # read in that interval
+
+
+class ReportResult(_Result):
+    mountpoint: str
+    source: str
+    generated: float  # epoch seconds
+    levels: Annotated[int, Field(ge=1)]  # path levels of a prefix
+    cache: CacheShare
+    read: ReadBytes
+    hit_ratio: Ratio | None = None
+    tiers: dict[str, Ratio]  # share of bytes read per source
+    latency: list[LatencyRow] = []
+    hot: list[PrefixRow]
+    cold: list[ColdRow]
+    cold_after: Seconds
+    metadata: MetadataPart
+    stalls: StallsPart
+    composition: dict[str, Count]  # cached bytes by heat band (and pinned)
+    heat: list[Bucket]  # cached bytes by decayed heat
+    eviction: EvictionPart
+    usage_series: list[UsagePoint]
+    ratio_series: list[RatioPoint]
+
+
+class JobFile(_Result):
+    path: str  # relative to the mount
+    etag: str
+    size: Count
+    last: float
+
+
+class JobFilesResult(_Result):
+    job: str
+    known: bool  # False: this mount saw no read of that job (or it is past the window)
+    files: list[JobFile]
+    truncated: bool = False  # the job read more files than the mount keeps per job
+    first: float = 0.0
+    last: float = 0.0
+
+
 RESULTS: dict[str, type[_Result]] = {"status": StatusResult, "warm": WarmResult,
                                      "evict": EvictResult, "unpin": UnpinResult,
-                                     "usage": UsageResult}
+                                     "usage": UsageResult, "report": ReportResult,
+                                     "job_files": JobFilesResult}
 
 
 def check_result(op: str, result: dict[str, Any]) -> dict[str, Any]:

@@ -5,6 +5,7 @@ any other text of the comment (docs/slurm.md):
 
     tierfs:warm=/data/imagenet,/ckpt/run42     paths or globs, comma-separated, absolute
     tierfs:manifest=/home/alice/run42.warm     a manifest: one path or glob a line, # comments
+    tierfs:warm=auto                           what the last run of this job name read here
 
 The prolog runs as root, the job as its user: the hook is a privilege boundary. Root reads
 the comment from SLURM_JOB_COMMENT (or asks `scontrol show job` where slurmd does not export
@@ -29,6 +30,7 @@ stderr, control characters escaped, never a traceback.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import glob
 import json
 import os
@@ -43,12 +45,13 @@ import time
 import tomllib
 from dataclasses import dataclass
 
-from . import asuser
+from . import asuser, slurmruns
 from .asuser import AsUserError, DeadlineExceeded, Identity, Lookup, Readable
 from .asuser import parse_manifest, search_root  # noqa: F401 - part of this module's API
 from .config import SlurmSettings, check_job_id, format_size, slurm_settings
 from .errors import UsageError
 from .mountinfo import Mount, mounts as all_mounts
+from .slurmruns import job_name_from_scontrol
 
 CONFIG_ENV = "TIERFS_SLURM_CONFIG"
 CONFIG_NAME = "tierfs-slurm.toml"  # beside slurm.conf, as Slurm's own cgroup.conf, gres.conf
@@ -71,9 +74,10 @@ class Declared:
     paths: tuple[str, ...] = ()
     manifests: tuple[str, ...] = ()
     errors: tuple[str, ...] = ()  # unusable tokens, reported but not fatal to the rest
+    auto: bool = False  # tierfs:warm=auto: what the last run of this job read (slurmruns)
 
     def __bool__(self) -> bool:
-        return bool(self.paths or self.manifests or self.errors)
+        return bool(self.paths or self.manifests or self.errors or self.auto)
 
 
 def parse_comment(comment: str) -> Declared:
@@ -82,6 +86,7 @@ def parse_comment(comment: str) -> Declared:
     paths: list[str] = []
     manifests: list[str] = []
     errors: list[str] = []
+    auto = False
     for key, value in _TOKEN_RE.findall(comment or ""):
         items = [v for v in value.split(",") if v] if key == "warm" else [value] if value else []
         if key not in ("warm", "manifest"):
@@ -91,11 +96,13 @@ def parse_comment(comment: str) -> Declared:
             errors.append(f"empty tierfs:{key}=")
         else:
             for item in items:
-                if not item.startswith("/"):
+                if key == "warm" and item == "auto":
+                    auto = True
+                elif not item.startswith("/"):
                     errors.append(f"tierfs:{key}= takes absolute paths, not {item!r}")
                 else:
                     (paths if key == "warm" else manifests).append(item)
-    return Declared(tuple(paths), tuple(manifests), tuple(errors))
+    return Declared(tuple(paths), tuple(manifests), tuple(errors), auto)
 
 
 def comment_from_scontrol(text: str) -> str:
@@ -375,6 +382,18 @@ def _job_comment(job: Job, settings: Settings, deadline: float) -> str:
     # slurmctld from every prolog of a big job is the load Slurm's docs warn about
     if "SLURM_JOB_COMMENT" in os.environ or "SLURM_SCRIPT_CONTEXT" in os.environ:
         return os.environ.get("SLURM_JOB_COMMENT", "")
+    return comment_from_scontrol(_show_job(job, settings, deadline))
+
+
+def _job_name(job: Job, settings: Settings, deadline: float) -> str:
+    """The job's name (warm=auto's key, with its user): from the hook's environment where
+    slurmd exports it, else from `scontrol show job`."""
+    if "SLURM_JOB_NAME" in os.environ:
+        return os.environ["SLURM_JOB_NAME"]
+    return job_name_from_scontrol(_show_job(job, settings, deadline))
+
+
+def _show_job(job: Job, settings: Settings, deadline: float) -> str:
     wait = max(min(30.0, deadline - time.monotonic()), 0.001)
     try:
         r = subprocess.run([settings.scontrol, "show", "job", job.id], capture_output=True,
@@ -386,7 +405,36 @@ def _job_comment(job: Job, settings: Settings, deadline: float) -> str:
         raise DeclarationError(f"{settings.scontrol}: {exc.strerror}") from None
     if r.returncode != 0:
         raise DeclarationError(f"scontrol show job {job.id}: {r.stderr.strip()[:200]}")
-    return comment_from_scontrol(r.stdout)
+    return r.stdout
+
+
+def _last_run_paths(settings: Settings, job: Job, deadline: float
+                    ) -> tuple[list[str], list[str], str]:
+    """tierfs:warm=auto: (the files the job's last run read on this node's trusted mounts,
+    problems, a note for the log line). The last run is the latest job of the same user
+    and job name that ended here having read through tierfs (slurmruns); no such run (a
+    first run) is a note, not a failure."""
+    try:
+        name = _job_name(job, settings, deadline)
+    except DeclarationError as exc:
+        return [], [f"warm=auto: {exc}"], ""
+    run = slurmruns.last_run(job.uid, name) if name else None
+    if run is None:
+        return [], [], f"warm=auto: no earlier run of {name!r} by {job.user} on this node"
+    paths, unasked = [], []
+    for m in trusted_mounts(list(all_mounts()), trusted_uids(settings)):
+        rc, out, err = _tierfs(["report", m.mountpoint, "--manifest", "--job", run.job],
+                               deadline)
+        if rc == 0:
+            paths += [ln for ln in out.splitlines() if ln.startswith("/")]
+        elif "read nothing through" not in err:  # a mount that did not see the job: none
+            # a mount that cannot answer (a stray one left dead) costs its files only; not
+            # a failed prolog (strict would drain the node for a mount the job may not use)
+            unasked.append(f"{m.mountpoint}: {err or f'exit {rc}'}")
+    note = f"warm=auto: {len(paths)} files read by job {run.job}, the last run of {name!r}"
+    if unasked:
+        note += f" (mounts not asked: {_shorten('; '.join(unasked), 300)})"
+    return paths, [], note
 
 
 WARM_BATCH_BYTES = 256 << 10  # of manifest text per `tierfs warm`: well inside a control request
@@ -457,8 +505,13 @@ def prolog(settings: Settings, job: Job, log: Log) -> int:
         declared = Declared(errors=(str(exc),))
     if not declared:
         return 0  # the job asked for nothing: nothing to log either
+    note, auto_problems = "", []
+    if declared.auto:
+        auto, auto_problems, note = _last_run_paths(settings, job, deadline)
+        declared = dataclasses.replace(declared, paths=declared.paths + tuple(auto))
     paths, problems = collect(job, declared, trusted=trusted_uids(settings),
                               deadline=deadline)
+    problems = auto_problems + problems
     outcome = ""
     if paths and time.monotonic() < deadline:
         outcome, failed = _warm(settings, job, paths, deadline)
@@ -472,7 +525,8 @@ def prolog(settings: Settings, job: Job, log: Log) -> int:
         log.line(f"user={job.user} warm FAILED ({policy}): {_shorten('; '.join(problems))}"
                  f"{' ' + outcome if outcome else ''} {took}")
         return 1 if settings.strict else 0
-    log.line(f"user={job.user} warmed and pinned {len(paths)} paths {outcome} {took}")
+    log.line(f"user={job.user} warmed and pinned {len(paths)} paths {outcome} {took}"
+             f"{'; ' + note if note else ''}")
     return 0
 
 
@@ -502,9 +556,22 @@ def epilog(settings: Settings, job: Job, log: Log) -> int:
     usage = report_usage(settings, job, targets, deadline)
     if usage:
         parts.append(usage)
+        parts += _record_run(settings, job, deadline)
     if parts:  # one line per job, the usage summary last
         log.line(f"user={job.user} " + "; ".join(parts))
     return 0
+
+
+def _record_run(settings: Settings, job: Job, deadline: float) -> list[str]:
+    """The job read through tierfs: it is now the last run of its name for warm=auto
+    (slurmruns); a failure is a part of the epilog's line, never its failure."""
+    try:
+        name = _job_name(job, settings, deadline)
+        if name:
+            slurmruns.record_run(job.uid, name, job.id, time.time())
+    except (DeclarationError, OSError) as exc:
+        return [f"last run not recorded for warm=auto: {exc}"]
+    return []
 
 
 @dataclass(frozen=True)
