@@ -554,7 +554,9 @@ class Compare:
         smp = Sample(unit_count / dt, cpu, nbytes, ops, unit_count)
         self.samples[sysname][name].append(smp)
         cpg = f", CPU {cpu / (nbytes / GiB):.2f} s/GiB" if nbytes else f", CPU {cpu:.2f} s"
-        log(f"  {sysname} {name}: {fmt(smp.value)}{cpg}, requests {dict(ops)}")
+        hwm = proc_status_kib(s.pid, "VmHWM") / KiB  # where the peak RSS is reached
+        log(f"  {sysname} {name}: {fmt(smp.value)}{cpg}, requests {dict(ops)}, "
+            f"VmHWM {hwm:.0f} MiB")
         return smp
 
     def one_system(self, sysname: str, rnd: int) -> None:

@@ -115,12 +115,15 @@ class Fetcher:
                           background: bool) -> bytes | memoryview:
         """A chunk from the store: a big one into a reused buffer of the disk tier (a fresh
         8 MiB buffer per GET page-faults in, and its memory-tier entry could not be reused
-        for the next read: bench/README.md), a small one into new bytes (a 1 MiB mapping
-        per small file would waste address space and map count)."""
+        for the next read: bench/README.md), its bytes reserved in the memory tier while in
+        flight (the tier's size bounds GETs in flight too); a small one into new bytes (a
+        1 MiB mapping per small file would waste address space and map count)."""
         start, length = index * self.chunk_size, self.chunk_length(obj, index)
         if length < REUSE_MIN:
             return await self.backend.get(obj.key, start, length, obj.etag,
                                           background=background, size=obj.size)
+        memory = self.cache.memory
+        reserved = memory.reserve(length)  # may free the very buffer taken next
         view = self.cache.disk.read_buffer(length)
         owner = view.obj
         try:
@@ -131,6 +134,9 @@ class Fetcher:
             view.release()
             self.cache.disk.reuse(owner)  # nothing of it was handed out
             raise
+        finally:
+            if reserved:
+                memory.unreserve(length)
         view.release()  # the read-only view keeps the buffer from reuse while it lives
         return data
 

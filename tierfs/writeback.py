@@ -73,8 +73,9 @@ import math
 import os
 import time
 import uuid
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Awaitable, Callable, TypeVar
+from typing import AsyncIterator, Awaitable, Callable, TypeVar
 
 import trio
 
@@ -673,7 +674,7 @@ class WriteBack:
             sent = s.sent.get(n)
             if sent is not None and sent.length == length and sent.changes == changes:
                 return  # streamed while the file was written, unchanged since
-            async with self._parts:
+            async with self._part_in_memory():
                 if self._copied(d, start, length):
                     assert d.base is not None
                     etag = await self._retrying(
@@ -711,6 +712,20 @@ class WriteBack:
             etag = await self._retrying(f"metadata of {d.key!r}", self.backend.copy,
                                         d.key, d.key, etag, final)
         return etag
+
+    @asynccontextmanager
+    async def _part_in_memory(self) -> AsyncIterator[None]:
+        """Room for one of the parts held in memory at once, reserved in the memory tier:
+        the tier's size bounds parts in flight as it bounds reads in flight (the daemon's
+        peak RSS; bench/README.md)."""
+        async with self._parts:
+            memory = self.cache.memory
+            reserved = memory.reserve(self.part_size)
+            try:
+                yield
+            finally:
+                if reserved:
+                    memory.unreserve(self.part_size)
 
     async def _send(self, s: Stream, n: int, data: bytes, changes: int) -> None:
         """Upload part n of s (its bytes `data`); meanwhile cache its chunks under a
@@ -793,7 +808,7 @@ class WriteBack:
                             d.upload_id = s.upload_id
             ps = self.part_size
             start = n * ps
-            async with self._parts:
+            async with self._part_in_memory():
                 if (not self._streaming(d, s) or s.upload_id is None or d.covered is None
                         or d.size <= start + ps or not _covers(d.covered, start, start + ps)):
                     return

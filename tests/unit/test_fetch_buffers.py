@@ -71,3 +71,23 @@ async def test_small_chunks_are_plain_bytes(tmp_path):
         got = await c.fetcher.chunk(
             ObjectVersion(c.io.bucket, meta.key, meta.etag, meta.size), 0)
         assert not isinstance(got, memoryview) and got == data
+
+
+def test_bytes_in_flight_are_reserved_in_the_memory_tier():
+    from tierfs.cache.memory import WHOLE, MemoryTier
+
+    released = []
+    tier = MemoryTier(3 * 100)
+    tier.released = released.append
+    bufs = [memoryview(bytearray(100)).toreadonly() for _ in range(3)]
+    for i, b in enumerate(bufs):
+        tier.put((b"c%d" % i, WHOLE), b)
+    assert tier.reserve(150)  # two entries leave for it now, oldest first
+    assert tier.bytes == 100 + 150 <= tier.capacity
+    assert tier.get((b"c0", WHOLE)) is None and tier.get((b"c1", WHOLE)) is None
+    assert [r for r in released] == [bufs[0].obj, bufs[1].obj]
+    tier.unreserve(150)
+    assert tier.bytes == 100
+    assert not tier.reserve(301)  # could never be kept: not counted, nothing evicted
+    assert tier.bytes == 100 and tier.get((b"c2", WHOLE)) is not None
+    assert not MemoryTier(0).reserve(1)

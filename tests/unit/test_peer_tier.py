@@ -13,6 +13,7 @@ import socket
 import trio
 
 from tierfs.backend.file import FileBackend
+from tierfs.cache import ObjectVersion
 from tierfs.meta import ROOT_INO
 from tierfs.peers import TIMEOUT_STRIKES
 from unitkit import core, sample, write
@@ -121,11 +122,23 @@ async def test_an_owner_that_knows_a_newer_version_refuses_and_the_store_decides
         assert (await a.ns.revalidate(old)).etag != old_etag
         assert await read_all(a, "f", len(new)) == new
         # B's reads of the old version: A refuses (409) what B asks of it; B's own
-        # GETs (If-Match the old ETag) fail, and B re-reads the new version
-        with trio.fail_after(30):
-            got = await read_all(b, "f", len(new))
-        assert got == new
+        # GETs (If-Match the old ETag) fail, and B re-reads the new version. B starts at
+        # a chunk A owns: a first GET of B's own would meet the new ETag before B asked A
+        # anything (rendezvous over random ports: A owns one of 8 chunks but at 2^-8)
+        stale = ObjectVersion(b.io.bucket, "f", old_etag, len(new))
+        owned = [i for i in range(8) if b.fetcher.peers.owner(stale.chunk_key(i)) is not None]
+        assert owned
+        first = owned[0] * CS
+        node = await b.ns.lookup(ROOT_INO, b"f")
+        h, _ = await b.io.open(node.ino)
+        try:
+            with trio.fail_after(30):
+                assert await b.io.read(h.fh, first, 16 << 10) == new[first:first + (16 << 10)]
+        finally:
+            await b.io.release(h.fh)
         assert peer_results(a, "server")["stale"] >= 1
+        with trio.fail_after(30):
+            assert await read_all(b, "f", len(new)) == new
 
 
 async def test_a_slow_owner_is_down_only_after_timeouts_in_a_row(tmp_path):

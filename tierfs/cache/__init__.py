@@ -33,7 +33,7 @@ from ..errors import CacheCorrupt
 from ..meta import ChunkRecord, MetaStore
 from ..metrics import Metrics
 from ..tenants import DEFAULT, TenantMap
-from .disk import DiskTier
+from .disk import REUSE_MIN, DiskTier
 from .evictor import Evictor
 from .heat import touched
 from .keys import ObjectVersion, chunk_name
@@ -187,8 +187,17 @@ class ChunkCache:
             # from the page cache on this thread when it can (no hand-off), else a worker's
             data = self.disk.read_cached(ckey, rec.length, rec.crcs, first, last)
             if data is None:
-                data = await trio.to_thread.run_sync(self.disk.read_blocks, ckey, rec.length,
-                                                     rec.crcs, first, last)
+                # a big read goes into a reused buffer: reserved in the memory tier while in
+                # flight, as a GET is (the tier's size bounds both; what leaves for it is
+                # the buffer it reads into)
+                span = min(rec.length, (last + 1) * self.block_size) - first * self.block_size
+                reserved = span >= REUSE_MIN and self.memory.reserve(span)
+                try:
+                    data = await trio.to_thread.run_sync(self.disk.read_blocks, ckey,
+                                                         rec.length, rec.crcs, first, last)
+                finally:
+                    if reserved:
+                        self.memory.unreserve(span)
         except CacheCorrupt as exc:
             if self._index.get(ckey) is rec:  # a concurrent reader may have dropped it already
                 log.warning("dropping cached chunk: %s", exc)

@@ -11,7 +11,8 @@ tier only absorbs re-reads.
 An entry that leaves (evicted, replaced, dropped) is handed to `released`, which
 ChunkCache points at the disk tier: a big disk read's buffer is reused for the next one
 once no view of it is left (DiskTier.reuse checks that), so a warm read does not
-page-fault fresh memory in and unmap it again for every chunk.
+page-fault fresh memory in and unmap it again for every chunk. A GET in flight reserves its
+bytes here first (`reserve`): what leaves for it is the buffer it then reads into.
 """
 
 from __future__ import annotations
@@ -47,6 +48,22 @@ class MemoryTier:
         self._size += n
         while self._size > self.capacity:
             self._pop(next(iter(self._lru)))
+
+    def reserve(self, n: int) -> bool:
+        """Count `n` bytes about to arrive (a GET in flight) as held, evicting for them now:
+        the bytes in flight and the entries together stay within capacity (the daemon's
+        peak RSS), and the entry that leaves gives its buffer to that very GET
+        (fetch.py). False when nothing was counted (the bytes could never be kept)."""
+        if n > self.capacity or self.capacity <= 0:
+            return False
+        self._size += n
+        while self._size > self.capacity and self._lru:
+            self._pop(next(iter(self._lru)))
+        return True
+
+    def unreserve(self, n: int) -> None:
+        """The reserved bytes arrived (and are `put`, counted again) or never will."""
+        self._size -= n
 
     def drop_chunk(self, ckey: bytes, blocks: int) -> None:
         if self._lru:
