@@ -48,6 +48,7 @@ SOURCES = ("memory", "disk", "peer", "backend")
 CACHED = ("memory", "disk")
 FLUSH_INTERVAL_S = 30.0
 FETCHED_MEMORY = 32768  # chunk keys remembered as fetched (about 100 bytes each)
+NAMES_MEMORY = 65536  # object keys whose prefix is remembered (cleared when full)
 # a second fetch of a chunk this soon after the first is another reader joining the same
 # flight (both see "backend"), not an eviction followed by a re-fetch
 JOINED_FLIGHT_S = 5.0
@@ -200,6 +201,7 @@ class Analytics:
         self._prefixes: dict[str, PrefixStats] = {}
         self._jobs: OrderedDict[str, JobFiles] = OrderedDict()  # least recently active first
         self._fetched: OrderedDict[bytes, float] = OrderedDict()  # chunk key -> first fetch
+        self._names: dict[str, tuple[str, str]] = {}  # key -> (path, prefix): no split per read
         self._changed: set[str] = set()  # database keys to write at the next flush
         self._dropped: set[str] = set()  # database keys to delete at the next flush
         self._restore()
@@ -215,12 +217,20 @@ class Analytics:
         returned to a reader from `source`; `first`: the handle's first read of the chunk
         (an access); `reader`: "job:N" and the like (tierfs/callers.py), or None."""
         now = self.clock()
-        path = self._rel(key)
-        p = self._prefix(prefix_of(path, self.levels))
+        names = self._names.get(key)
+        if names is None:
+            if len(self._names) >= NAMES_MEMORY:
+                self._names.clear()
+            path = self._rel(key)
+            names = self._names[key] = (path, prefix_of(path, self.levels))
+        path = names[0]
+        p = self._prefix(names[1])
         for c in (p, self.totals):
             c.read[source] = c.read.get(source, 0) + n
         p.last_read = now
-        p.score = p.heat(now, self.half_life_s) + n
+        # the decayed score, inline (decayed()): a read of the same instant adds only
+        p.score = (p.score if now <= p.at else
+                   p.score * 2.0 ** ((p.at - now) / self.half_life_s)) + n
         p.at = now
         if first:
             self._access(p, ckey, source, now)
