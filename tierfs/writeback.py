@@ -328,7 +328,7 @@ class WriteBack:
 
     async def _materialize(self, d: DirtyFile, index: int, wstart: int, wend: int) -> None:
         cs = self.chunk_size
-        if not await self.cache.reserve_dirty(cs, self.dirty_wait_s):
+        if not await self.cache.reserve_dirty(cs, self.dirty_wait_s, key=d.key):
             log.error("write to %r refused (ENOSPC): unsaved writes would exceed the cache "
                       "budget and no upload freed space within %.0fs", d.key, self.dirty_wait_s)
             raise NoSpace(f"cache budget full of unsaved writes ({self.cache.dirty_bytes} bytes)")
@@ -340,7 +340,7 @@ class WriteBack:
                 data = await self.read_base(d.base, index)
                 _staging_io(os.pwrite, d.fd, data[:base_end - start], start)
         except BaseException:
-            self.cache.release_dirty(cs)  # the chunk never became dirty
+            self.cache.release_dirty(cs, key=d.key)  # the chunk never became dirty
             raise
         d.materialized.add(index)
 
@@ -361,7 +361,7 @@ class WriteBack:
                 d.base_valid = min(d.base_valid, size)
                 gone = {i for i in d.materialized if i * cs >= size}
                 d.materialized -= gone
-                self.cache.release_dirty(len(gone) * cs)
+                self.cache.release_dirty(len(gone) * cs, key=d.key)
             d.size = size
             d.generation += 1
             d.changed_ns = time.time_ns()
@@ -505,7 +505,7 @@ class WriteBack:
             self._queue_send.send_nowait(_SWEEP)  # a failed attempt's: cleanup's now
         del self.files[d.ino]
         self._retry_at.pop(d.ino, None)
-        self.cache.release_dirty(len(d.materialized) * self.chunk_size)
+        self.cache.release_dirty(len(d.materialized) * self.chunk_size, key=d.key)
         os.close(d.fd)
         os.unlink(d.staging)
         if d.journaled:
@@ -517,7 +517,7 @@ class WriteBack:
             return
         # still open (fsync): the next writes build on the version just uploaded (no more
         # streaming: the file has a base now)
-        self.cache.release_dirty(len(d.materialized) * self.chunk_size)
+        self.cache.release_dirty(len(d.materialized) * self.chunk_size, key=d.key)
         d.materialized.clear()
         d.covered, d.part_changes = [], {}
         os.ftruncate(d.fd, 0)
@@ -1078,7 +1078,7 @@ class WriteBack:
             d = DirtyFile(ino, rec["key"], base, rec["base_valid"], rec["size"], path, fd,
                           rec["metadata"], set(rec["materialized"]), journaled=True)
             self.files[ino] = d
-            self.cache.force_dirty(len(d.materialized) * self.chunk_size)
+            self.cache.force_dirty(len(d.materialized) * self.chunk_size, key=d.key)
             keep.add(os.path.basename(path))
             self._queue_send.send_nowait(ino)
             log.info("recovered unsaved file %r (%d bytes): uploading", d.key, d.size)

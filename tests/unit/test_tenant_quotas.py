@@ -288,3 +288,20 @@ async def test_pinning_again_never_shortens_an_objects_deadline(tmp_path):
     rig.clock.advance(1000)
     assert pins.expire() == [] and x in pins
     rig.close()
+
+
+async def test_unsaved_writes_count_to_the_tenant_of_their_file(tmp_path):
+    # the write path names the file: its dirty bytes are its tenant's, until uploaded
+    from tierfs.meta import ROOT_INO
+
+    async with core(str(tmp_path), tenants=tenants(**TWO)) as c:
+        a = await c.ns.mkdir(ROOT_INO, b"a", 0o755)
+        h, _ = await c.io.create(a.ino, b"ckpt.pt", 0o644)
+        await c.io.write(h.fh, 0, b"x" * 100_000)
+        counts = c.core.cache.tenant_bytes()
+        assert counts["a"].dirty == c.core.cache.dirty_bytes > 0
+        assert sum(t.dirty for n, t in counts.items() if n != "a") == 0
+        await c.io.flush(h.fh)
+        await c.io.release(h.fh)
+        assert c.core.cache.dirty_bytes == 0
+        assert sum(t.dirty for t in c.core.cache.tenant_bytes().values()) == 0
