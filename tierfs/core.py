@@ -296,12 +296,13 @@ def _tenant_of(cfg: MountConfig) -> Callable[[str], str] | None:
 
 
 async def _flush_usage(usage: Usage | Analytics) -> None:
-    """The last usage counts into the index at close; a failure costs the report only
-    (at most the last flush interval), never the close."""
+    """The last usage (or analytics) counts into the index at close; a failure costs the
+    report only (at most the last flush interval), never the close."""
     try:
         await usage.flush()
     except Exception as exc:  # noqa: BLE001 - usage is a report
-        log.warning("usage counts since the last flush not kept: %s", exc)
+        log.warning("%s counts since the last flush not kept: %s", type(usage).__name__.lower(),
+                    exc)
 
 
 async def _then_idle(fn: Callable[[], Awaitable[None]]) -> None:
