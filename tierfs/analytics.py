@@ -31,6 +31,7 @@ records when a report asks (a worker thread).
 
 from __future__ import annotations
 
+import bisect
 import logging
 import time
 from collections import OrderedDict
@@ -346,25 +347,32 @@ class Analytics:
         return Point(self.clock(), dict(t.read), t.accesses, t.rereads, t.fetches,
                      t.refetches, t.lists, t.heads)
 
-    def series(self) -> list[Point]:
+    def stored_series(self) -> list[Point]:
         """The stored points, oldest first (the hourly tier where the 5-minute one has
-        nothing), then the current totals."""
+        nothing). Reads the index only: a worker thread may run it."""
         out: dict[float, Point] = {}
         for name, _, _ in reversed(SERIES_TIERS):
             for _, raw in self.meta.analytics(f"{_SERIES}{name}/"):
                 pt = Point.from_json(raw)
                 if pt is not None:
                     out[pt.t] = pt
-        now = self.point()
-        out[now.t] = now
         return [out[t] for t in sorted(out)]
+
+    def series(self) -> list[Point]:
+        """The stored points, then the current totals."""
+        now = self.point()
+        return [p for p in self.stored_series() if p.t < now.t] + [now]
 
     # ---- the cache's side (a worker thread, when a report asks) --------------------------
 
-    def cache_view(self, pinned: set[bytes], half_life_s: float, now: float) -> "CacheView":
+    def cache_view(self, pinned: set[bytes], half_life_s: float, now: float,
+                   wanted: set[str] = frozenset()) -> "CacheView":  # type: ignore[assignment]
         """Cached bytes per prefix (with their newest access), composition by heat, the
-        heat of every chunk (bytes-weighted), total bytes per prefix from the namespace's
-        file records: one read-only walk of the index (at most a second behind)."""
+        heat histogram (bytes), total bytes per prefix from the namespace's file records:
+        one read-only walk of the index (at most a second behind), its result bounded by
+        the prefixes, not the chunks. Total bytes are summed for the `wanted` prefixes and
+        the cached ones only. Touches no state of this object but its settings: a worker
+        thread runs it while reads go on."""
         view = CacheView()
         paths: dict[bytes, str | None] = {}
         for ckey, rec in self.meta.chunks():
@@ -378,13 +386,15 @@ class Analytics:
             c[0] += rec.length
             c[1] = max(c[1], rec.last_access)
             heat = decayed(rec.heat, rec.last_access, now, half_life_s)
-            view.heats.append((heat, rec.length))
+            view.heat[bisect.bisect_right(HEAT_EDGES, heat)] += rec.length
             band = "pinned" if oid in pinned else heat_band(heat)
             view.by_heat[band] = view.by_heat.get(band, 0) + rec.length
+        wanted = set(wanted) | view.cached.keys()
         for key, size in self.meta.files():
             if key.startswith(self.root_prefix):
                 name = prefix_of(self._rel(key), self.levels)
-                view.total[name] = view.total.get(name, 0) + size
+                if name in wanted:
+                    view.total[name] = view.total.get(name, 0) + size
         return view
 
     # ---- persistence -------------------------------------------------------------------
@@ -474,6 +484,7 @@ class Analytics:
             await self.flush()
 
 
+HEAT_EDGES = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0)  # the heat histogram's bounds
 HEAT_BANDS = ("cold (<0.5)", "warm (0.5-2)", "hot (2-8)", "very hot (8+)")
 
 
@@ -488,4 +499,5 @@ class CacheView:
     cached: dict[str, list] = field(default_factory=dict)  # prefix -> [bytes, newest access]
     total: dict[str, int] = field(default_factory=dict)  # prefix -> bytes of known files
     by_heat: dict[str, int] = field(default_factory=dict)  # band (or "pinned") -> bytes
-    heats: list[tuple[float, int]] = field(default_factory=list)  # (heat, bytes) per chunk
+    # cached bytes per heat bucket: [0, HEAT_EDGES[0]), ..., [HEAT_EDGES[-1], inf)
+    heat: list[int] = field(default_factory=lambda: [0] * (len(HEAT_EDGES) + 1))

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from .analytics import SOURCES, Analytics, CacheView, Point, cached_share
+from .analytics import HEAT_EDGES, SOURCES, Analytics, CacheView, Point, cached_share
 from .cache import ChunkCache
 from .metrics import Metrics
 from .protocol import JobFilesRequest, ReportRequest
@@ -25,7 +25,6 @@ if TYPE_CHECKING:
     from .capacity import CapacityHistory
     from .stalls import StallLog
 
-HEAT_EDGES = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0)  # heat histogram's upper bounds
 
 
 async def build_report(req: ReportRequest, *, info: dict[str, Any], analytics: Analytics,
@@ -36,11 +35,14 @@ async def build_report(req: ReportRequest, *, info: dict[str, Any], analytics: A
     await cache.flush_index()  # the walk below sees what was read up to now
     half_life = cache.evictor.half_life
     pinned_oids = set(cache.pins.objects())
-    view = await trio.to_thread.run_sync(analytics.cache_view, pinned_oids, half_life, now)
+    prefixes = analytics.prefixes()  # copies, taken on this thread
+    view = await trio.to_thread.run_sync(analytics.cache_view, pinned_oids, half_life, now,
+                                         set(prefixes))
     history = await trio.to_thread.run_sync(capacity.history) if capacity is not None else []
-    series = await trio.to_thread.run_sync(analytics.series)
+    now_point = analytics.point()
+    series = [p for p in await trio.to_thread.run_sync(analytics.stored_series)
+              if p.t < now_point.t] + [now_point]
     t = analytics.totals
-    prefixes = analytics.prefixes()
 
     def row(name: str) -> dict[str, Any]:
         p = prefixes.get(name)
@@ -104,11 +106,7 @@ def _fell(a: Point, b: Point) -> bool:
 
 
 def _heat_histogram(view: CacheView) -> list[dict[str, Any]]:
-    counts = [0] * (len(HEAT_EDGES) + 1)
-    for heat, length in view.heats:
-        i = next((k for k, edge in enumerate(HEAT_EDGES) if heat < edge), len(HEAT_EDGES))
-        counts[i] += length
-    return [{"le": edge, "count": c} for edge, c in zip(HEAT_EDGES + (None,), counts)]
+    return [{"le": edge, "count": c} for edge, c in zip(HEAT_EDGES + (None,), view.heat)]
 
 
 def _buckets(metrics: Metrics, name: str, **match: str) -> dict[float, float]:
