@@ -535,7 +535,9 @@ def _report(args: argparse.Namespace) -> int:
         raise UsageError("--job and --since go with --manifest")
     if args.json and args.html:
         raise UsageError("--json and --html: give one of them")
-    fields = {"top": args.top}
+    fields: dict[str, object] = {"top": args.top}
+    if args.cold_after is not None:
+        fields["cold_after"] = parse_duration(args.cold_after, "cold-after")
     encode("report", fields)
     targets = _targets(args.mountpoint)
     if args.html and len(targets) > 1:
@@ -669,6 +671,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     r.add_argument("--html", metavar="FILE", help="write one self-contained HTML page")
     r.add_argument("--top", type=_positive_int, default=20, metavar="N",
                    help="rows per list (default 20)")
+    r.add_argument("--cold-after", metavar="DURATION",
+                   help="a cached prefix not read for this long is cold (default 24h)")
     r.add_argument("--manifest", action="store_true",
                    help="print the files --job read, as `tierfs warm --manifest` reads them")
     r.add_argument("--job", metavar="ID", type=_job_id, help="with --manifest: the Slurm job")

@@ -80,7 +80,8 @@ def test_report_bad_input_is_one_line(tmp_path):
                       (["--manifest"], "--manifest needs --job"),
                       (["--since", "1h"], "--job and --since go with --manifest"),
                       (["--manifest", "--job", "1", "--since", "soon"], "since"),
-                      (["--top", "0"], "top")):
+                      (["--top", "0"], "top"),
+                      (["--cold-after", "soon"], "cold-after")):
         r = tierfs("report", *args)
         lines = r.stderr.strip().splitlines()
         assert r.returncode != 0 and len(lines) == 1 and why in lines[0], (args, r.stderr)
