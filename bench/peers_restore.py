@@ -36,7 +36,7 @@ from dataclasses import dataclass
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import datagen  # noqa: E402
 import run  # noqa: E402  (bench/run.py: the read benchmark and the shared helpers)
-from run import (BUCKET, GiB, MiB, BenchError, Source, TierfsMount, drop_caches,  # noqa: E402
+from run import (BUCKET, GiB, MiB, BenchError, TierfsMount, drop_caches,  # noqa: E402
                  free_port, log, mem_available, proc_cpu)
 
 SEED = 900
@@ -283,22 +283,10 @@ def main() -> int:
     started = datetime.datetime.now(datetime.timezone.utc)
     t0 = time.perf_counter()
     load0 = os.getloadavg()[0]
-    ok = False
     bench = PeersBench(plan, root, args.keep)
-    try:
-        if args.ref:
-            Source.export(args.ref, root)
-        log(f"tierfs code: {Source.label}")
-        log(f"work dir {root}; checkpoint {plan.files} x {plan.per_file / MiB:.0f} MiB; "
-            f"nodes {nodes}")
-        bench.run()
-        ok = True
-    except BenchError as exc:
-        log(f"error: {exc}")
-    except KeyboardInterrupt:
-        log("interrupted")
-    finally:
-        run.finish(bench, root, ok, args.keep)
+    ok = run.drive(bench, root, args.ref, args.keep,
+                   f"work dir {root}; checkpoint {plan.files} x {plan.per_file / MiB:.0f} MiB; "
+                   f"nodes {nodes}")
     _, code = run.code_label(args.ref)
     header = (f"tierfs peer restore bench {started:%Y-%m-%d %H:%M}Z  tierfs code: {code}  "
               f"checkpoint {plan.size // MiB} MiB in {plan.files} files  load {load0:.1f} at "

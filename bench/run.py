@@ -1178,6 +1178,30 @@ def finish(bench, root: str, ok: bool, keep: bool, also_mounted: tuple[str, ...]
         shutil.rmtree(root, ignore_errors=True)
 
 
+def drive(bench, root: str, ref: str | None, keep: bool, describe: str = "",
+          also_mounted=lambda: ()) -> bool:
+    """The middle of each bench's main(): the tierfs code of `ref` exported, one log line of
+    what runs, `bench.run()`, a BenchError or ^C as one line, and `finish` whatever happened
+    (`also_mounted()`: mounts the bench made besides its tierfs ones). Returns whether the
+    run completed."""
+    ok = False
+    try:
+        if ref:
+            Source.export(ref, root)
+        log(f"tierfs code: {Source.label}")
+        if describe:
+            log(describe)
+        bench.run()
+        ok = True
+    except BenchError as exc:
+        log(f"error: {exc}")
+    except KeyboardInterrupt:
+        log("interrupted")
+    finally:
+        finish(bench, root, ok, keep, also_mounted())
+    return ok
+
+
 HISTORY = os.path.join(HERE, "history.tsv")
 HISTORY_COLS = ("date", "git_sha", "tierfs_code", "row", "measure", "unit", "tierfs",
                 "ceiling_name", "ceiling", "ratio", "status", "load")
@@ -1237,21 +1261,10 @@ def main() -> int:
     bench = Bench(plan, root, max(1, args.repeat))
     started = datetime.datetime.now(datetime.timezone.utc)
     t0 = time.perf_counter()
-    ok = False
-    try:
-        if args.ref:
-            Source.export(args.ref, root)
-        log(f"tierfs code: {Source.label}")
-        log(f"work dir {root}; large file {plan.large / MiB:.0f} MiB, {plan.small_count} small "
-            f"files, {bench.stored / MiB:,.0f} MiB stored in total")
-        bench.run()
-        ok = True
-    except BenchError as exc:
-        log(f"error: {exc}")
-    except KeyboardInterrupt:
-        log("interrupted")
-    finally:
-        finish(bench, root, ok, args.keep, (bench.memfs.mnt,) if bench.memfs else ())
+    ok = drive(bench, root, args.ref, args.keep,
+               f"work dir {root}; large file {plan.large / MiB:.0f} MiB, {plan.small_count} "
+               f"small files, {bench.stored / MiB:,.0f} MiB stored in total",
+               lambda: (bench.memfs.mnt,) if bench.memfs else ())
 
     info, code = code_label(args.ref)
     header = (f"tierfs bench {started:%Y-%m-%d %H:%M}Z  tierfs code: {code}  large file "

@@ -39,7 +39,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import datagen  # noqa: E402
 import run  # noqa: E402  (bench/run.py: the read benchmark and the shared helpers)
 from peers_restore import PeersBench  # noqa: E402
-from run import BUCKET, GiB, MiB, BenchError, Source, TierfsMount, log, mem_available  # noqa: E402
+from run import BUCKET, GiB, MiB, BenchError, TierfsMount, log, mem_available  # noqa: E402
 
 FILE = 4 * MiB  # every object: 4 chunks of 1 MiB
 SEED = 1200
@@ -228,20 +228,8 @@ def main() -> int:
     root = tempfile.mkdtemp(prefix="tierfs-tbench.", dir="/tmp")
     started = datetime.datetime.now(datetime.timezone.utc)
     t0 = time.perf_counter()
-    ok = False
     bench = TenantsBench(plan, root)
-    try:
-        if args.ref:
-            Source.export(args.ref, root)
-        log(f"tierfs code: {Source.label}; work dir {root}")
-        bench.run()
-        ok = True
-    except BenchError as exc:
-        log(f"error: {exc}")
-    except KeyboardInterrupt:
-        log("interrupted")
-    finally:
-        run.finish(bench, root, ok, args.keep)
+    ok = run.drive(bench, root, args.ref, args.keep, f"work dir {root}")
     _, code = run.code_label(args.ref)
     header = (f"tierfs tenants bench {started:%Y-%m-%d %H:%M}Z  tierfs code: {code}  cache "
               f"{plan.cache // MiB} MiB, working set {plan.work // MiB} MiB, scan "
