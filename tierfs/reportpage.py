@@ -11,6 +11,7 @@ the tests).
 from __future__ import annotations
 
 import base64
+import datetime
 import html
 import io
 import time
@@ -34,6 +35,15 @@ def _secs(x: float | None) -> str:
     if x is None:
         return "-"
     return f"{x * 1000:.1f} ms" if x < 1 else f"{x:.2f} s"
+
+
+def _span(s: float) -> str:
+    """A duration in its largest unit that is at least 1 (--cold-after 2m is "2 min",
+    not "0.0333 h")."""
+    for unit, n in (("h", 3600.0), ("min", 60.0)):
+        if s >= n:
+            return f"{round(s / n, 2):g} {unit}"
+    return f"{round(s, 2):g} s"
 
 
 def _shown(prefix: str) -> str:
@@ -66,7 +76,7 @@ def sections(r: ReportResult) -> list[tuple[str, list[str], list[list[str]]]]:
                   if lt.source == s), ["-", "-", "-"])] for s in SOURCES]
          + [["all", format_size(read_total), f"hit ratio {_pct(r.hit_ratio)}", "", "", ""]]),
         ("Hot prefixes (decayed bytes read)", PREFIX_HEAD, _prefix_rows(r.hot)),
-        (f"Cold cached prefixes (not read for {r.cold_after / 3600:g} h)",
+        (f"Cold cached prefixes (not read for {_span(r.cold_after)})",
          ["prefix", "cached", "last access"],
          [[_shown(c.prefix), format_size(c.cached), _when(c.last_access)] for c in r.cold]),
         (f"Metadata pressure: {r.metadata.lists} LISTs, {r.metadata.heads} HEADs",
@@ -131,14 +141,13 @@ def plots(r: ReportResult) -> list[tuple[str, str]]:
     out = []
     fig = Figure(figsize=(7, 3))
     ax = fig.add_subplot()
-    ts = [time.localtime(p.t) for p in r.usage_series]
-    xs = [time.strftime("%m-%d %H:%M", t) for t in ts]
+    xs = _when_x([p.t for p in r.usage_series])
     top = max((p.budget for p in r.usage_series), default=0)
     unit, scale = ("GiB", float(1 << 30)) if top >= 1 << 30 else ("MiB", float(1 << 20))
     for label, ys in (("used", [p.used for p in r.usage_series]),
                       ("budget", [p.budget for p in r.usage_series]),
                       ("pinned", [p.pinned for p in r.usage_series])):
-        ax.plot(range(len(xs)), [y / scale for y in ys], marker="o", label=label)
+        ax.plot(xs, [y / scale for y in ys], marker="o", label=label)
     _time_axis(ax, xs)
     ax.set_ylim(bottom=0)
     ax.set_ylabel(unit)
@@ -148,8 +157,8 @@ def plots(r: ReportResult) -> list[tuple[str, str]]:
     fig = Figure(figsize=(7, 3))
     ax = fig.add_subplot()
     pts = [p for p in r.ratio_series if p.hit_ratio is not None]
-    xs = [time.strftime("%m-%d %H:%M", time.localtime(p.t)) for p in pts]
-    ax.plot(range(len(xs)), [100 * (p.hit_ratio or 0) for p in pts], marker="o")
+    xs = _when_x([p.t for p in pts])
+    ax.plot(xs, [100 * (p.hit_ratio or 0) for p in pts], marker="o")
     _time_axis(ax, xs)
     ax.set_ylim(0, 105)
     ax.set_ylabel("hit ratio (% of bytes)")
@@ -180,9 +189,24 @@ def plots(r: ReportResult) -> list[tuple[str, str]]:
     return out
 
 
-def _time_axis(ax: Any, labels: list[str]) -> None:
-    step = max(1, len(labels) // 8)
-    ax.set_xticks(range(0, len(labels), step), labels[::step], rotation=30, fontsize=7)
+def _when_x(ts: list[float]) -> list[datetime.datetime]:
+    """Epoch seconds as the x values of a time plot (local time, as the tables show it)."""
+    return [datetime.datetime.fromtimestamp(t) for t in ts]
+
+
+def _time_axis(ax: Any, xs: list[datetime.datetime]) -> None:
+    """Points where they happened: the samples of a history are 5 minutes apart, then an
+    hour, and the report's own point comes seconds after the last one; an axis of equal
+    steps would draw those intervals alike."""
+    from matplotlib.dates import AutoDateLocator, ConciseDateFormatter
+
+    locator = AutoDateLocator(maxticks=8)
+    ax.xaxis.set_major_locator(locator)
+    ax.xaxis.set_major_formatter(ConciseDateFormatter(locator))
+    ax.tick_params(axis="x", labelsize=7)
+    if xs:  # a minute either side at least (one point alone: not matplotlib's 4 days)
+        pad = max((max(xs) - min(xs)) / 20, datetime.timedelta(minutes=1))
+        ax.set_xlim(min(xs) - pad, max(xs) + pad)
     ax.grid(True, alpha=0.3)
 
 
