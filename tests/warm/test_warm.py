@@ -75,9 +75,11 @@ def test_check_reports_without_fetching_and_a_rerun_resumes(rgw, bucket, tmp_pat
 
 
 def test_interrupted_warm_resumes_without_fetching_twice(rgw, bucket, tmp_path, tierfs):
-    objects = {f"big/{i}.bin": payload(f"b{i}", 4 * MiB) for i in range(8)}
+    # 64 KiB chunks, one GET at a time: a warm of several seconds (with 8 objects, a fast
+    # run finished before the test's Ctrl-C reached it)
+    objects = {f"big/{i}.bin": payload(f"b{i}", 4 * MiB) for i in range(24)}
     put_many(rgw.client(), bucket, objects)
-    chunks = 8 * 4 * 16  # 64 KiB chunks, one GET at a time: a warm of a few seconds
+    chunks = 24 * 4 * 16
     args = ["--chunk-size", "64K", "--memory-cache-size", "0"]
     with Mount(rgw, f"s3://{bucket}", tmp_path / "mnt", tmp_path / "cache", args) as m:
         client = subprocess.Popen([sys.executable, "-m", "tierfs", "warm", m.path / "big",
