@@ -389,19 +389,7 @@ def main() -> int:
     started = datetime.datetime.now(datetime.timezone.utc)
     bench = LoaderRun(plan, root, started.strftime("%Y%m%dT%H%MZ"))
     t0 = time.perf_counter()
-    ok = False
-    try:
-        if args.ref:
-            Source.export(args.ref, root)
-        log(f"tierfs code: {Source.label}; work dir {root}")
-        bench.run()
-        ok = True
-    except BenchError as exc:
-        log(f"error: {exc}")
-    except KeyboardInterrupt:
-        log("interrupted")
-    finally:
-        run.finish(bench, root, ok, args.keep)
+    ok = run.drive(bench, root, args.ref, args.keep, f"work dir {root}")
     if ok:
         rep = json.load(open(bench.outputs["json"]))
         summary = {"hit_ratio": rep.get("hit_ratio"), "read": rep.get("read"),
