@@ -21,6 +21,7 @@ What a damaged reply can be caught by:
 
 from __future__ import annotations
 
+import hashlib
 import http.client
 import json
 import os
@@ -32,6 +33,8 @@ import time
 import pytest
 
 from tierfs import integrity
+from tierfs.cache.keys import ObjectVersion
+from tierfs.peers.members import _score
 
 from cluster import (Checkpoint, FakePeer, HangingPeer, Misbehave, MiB, Obj, WrongEtagPeer,
                      payload, read_sha, sha256)
@@ -102,10 +105,14 @@ def _lying_secret_holder(fleet, s3, bucket, key: str, size: int, *, crc_metadata
         meta = integrity.chunk_crcs_metadata(
             MiB, [integrity.crc32c(data[i:i + MiB]) for i in range(0, size, MiB)])
         assert meta
-    s3.put_object(Bucket=bucket, Key=key, Body=data, Metadata=meta)
     with FakePeer(secret, {key: data}, Misbehave("crc_after_flip")) as fake:
         c = fleet(1, secret=secret, extra_args=CHUNK_ARGS, extra_peers=[fake.addr])
         node = c.nodes[0]
+        # put only once both peer addresses are known, at a key whose chunks the fake owns
+        # at least one of (a one-chunk object has even odds otherwise)
+        key = _owned_key(key, bucket, data, node.addr, fake.addr)
+        fake.data = {key: data}
+        s3.put_object(Bucket=bucket, Key=key, Body=data, Metadata=meta)
         assert read_sha(node.path / key)[0] == sha256(data)
         assert len(fake.asked) >= 1
         # the reply passed the signature and block CRCs; the store's checksum refuted it,
@@ -115,22 +122,35 @@ def _lying_secret_holder(fleet, s3, bucket, key: str, size: int, *, crc_metadata
         assert node.counter("tierfs_peers_up") == 0
         heads = node.counter("tierfs_backend_requests_total", op="head")
         asked = len(fake.asked)
-    return c, node, data, asked, heads
+    return c, node, data, asked, heads, key
+
+
+def _owned_key(base: str, bucket: str, data: bytes, node: str, fake: str) -> str:
+    """`base`, or `base` with a suffix, such that rendezvous hashing (the daemon's own
+    function) makes `fake` the owner of at least one of the single-part object's chunks."""
+    etag = hashlib.md5(data).hexdigest()
+    chunks = -(-len(data) // MiB)
+    for n in range(64):
+        key = base if n == 0 else f"{base}.{n}"
+        oid = ObjectVersion(bucket, key, etag, len(data))
+        if any(_score(fake, oid.chunk_key(i)) > _score(node, oid.chunk_key(i))
+               for i in range(chunks)):
+            return key
+    raise AssertionError("no key in 64 owned by the fake peer")
 
 
 def test_a_secret_holder_signing_wrong_bytes_is_caught_by_tierfs_chunk_crcs(fleet, s3, bucket):
     # a 32-chunk object with tierfs's per-chunk CRC32Cs: one HEAD learns them
-    c, node, data, asked, heads = _lying_secret_holder(fleet, s3, bucket, KEY, SIZE,
-                                                       crc_metadata=True)
+    c, node, data, asked, heads, key = _lying_secret_holder(fleet, s3, bucket, KEY, SIZE,
+                                                            crc_metadata=True)
     assert 1 <= heads <= 2  # one per object version (a second only if the first failed)
-    _assert_served_only_store_bytes(c, node, data, asked, key=KEY)
+    _assert_served_only_store_bytes(c, node, data, asked, key=key)
 
 
 def test_a_secret_holder_signing_wrong_bytes_is_caught_by_an_md5_etag(fleet, s3, bucket):
     # a one-chunk object: its single-part ETag is the MD5 of its bytes, no HEAD needed
-    key = "rl/env-0001.tar"
-    c, node, data, asked, heads = _lying_secret_holder(fleet, s3, bucket, key, MiB // 2,
-                                                       crc_metadata=False)
+    c, node, data, asked, heads, key = _lying_secret_holder(fleet, s3, bucket, "rl/env-0001.tar",
+                                                            MiB // 2, crc_metadata=False)
     assert heads == 0
     _assert_served_only_store_bytes(c, node, data, asked, key=key)
 
