@@ -4,12 +4,14 @@
     .venv/bin/python bench/evict.py [--cache-chunks N] [--fill-time S]... [--trace NAME]...
 
 Replays chunk-granular access traces (defined in bench/README.md, "Eviction quality")
-through the real policy code, tierfs/cache/evictor.py (`Evictor.victims`) and
-tierfs/cache/heat.py (`touched`), driven the way ChunkCache drives them: a read of an
-indexed chunk is a hit and touches its heat; a miss, or a write of a new chunk, is a
-fill, which first asks the evictor for room (budget from a statvfs stub with plenty of
-free space, so the budget is the cache size; the high/low watermarks) and then indexes
-the chunk with heat 1. An injected clock advances by fill_time / cache chunks per access.
+through the real policy code, tierfs/cache/evictor.py (`Evictor.victims`),
+tierfs/cache/admission.py (`Admission`) and tierfs/cache/heat.py (`touched`), driven the
+way ChunkCache drives them: a read of an indexed chunk is a hit and touches its heat; a
+miss, or a write of a new chunk, is a fill, which first asks the evictor for room (budget
+from a statvfs stub with plenty of free space, so the budget is the cache size; the
+high/low watermarks); a reader's chunk that would evict is then put to the admission
+policy (refused: not cached, its read remembered); a stored chunk is indexed at its entry
+heat (a write at 0). An injected clock advances by fill_time / cache chunks per access.
 Prints each trace's read hit ratio beside plain LRU and offline OPT with the same capacity, and
 whether tierfs reaches the issue's goal (>= 0.9x OPT, never below LRU).
 
@@ -34,6 +36,7 @@ from dataclasses import dataclass, field, replace
 from typing import Callable, Iterator, NoReturn
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tierfs.cache.admission import Admission, Fill  # noqa: E402
 from tierfs.cache.evictor import Evictor  # noqa: E402
 from tierfs.cache.heat import touched  # noqa: E402
 from tierfs.cache.keys import ObjectVersion  # noqa: E402
@@ -199,9 +202,6 @@ class Shape:
     # seconds of the injected clock to read one cache's worth of chunks: what sets recency
     # against the half-life (1024 s: a 1 TiB cache read at 1 GiB/s)
     fill_time: float = 1024.0
-    # the heat a written chunk is indexed with: 1 as ChunkCache does; 0 is the what-if
-    # "heat counts reads only" (tierfs/cache/heat.py ranks it as 1 until it is read)
-    written_heat: float = 1.0
     # chunk ids below this are in pinned objects (whole objects of OBJECT_CHUNKS chunks, as
     # `tierfs warm --pin` pins files): never evicted; LRU and OPT pin nothing
     pinned: int = 0
@@ -262,7 +262,8 @@ def _plenty_of_space(path: str) -> os.statvfs_result:
 
 
 def replay_tierfs(trace: Trace, shape: Shape) -> Replay:
-    """The trace through Evictor and heat as ChunkCache uses them (read, touch, filling)."""
+    """The trace through Evictor, Admission and heat as ChunkCache uses them (read, touch,
+    filling)."""
     evictor = Evictor("/nonexistent/tierfs-bench", cache_size=shape.budget,
                       min_free_ratio=_DEFAULTS["min_free_ratio"].default, high=shape.high,
                       low=shape.low, half_life=shape.half_life, statvfs=_plenty_of_space)
@@ -270,6 +271,7 @@ def replay_tierfs(trace: Trace, shape: Shape) -> Replay:
     ids: dict[bytes, int] = {}
     index: dict[bytes, ChunkRecord] = {}
     used, length, out = 0, shape.chunk_bytes, Replay()
+    admission = Admission(shape.half_life, shape.chunks)
     pinned = {object_chunk(n * OBJECT_CHUNKS, length)[0].oid
               for n in range(shape.pinned_objects)}
     for i, (cid, write) in enumerate(zip(trace.chunks, trace.writes)):
@@ -285,12 +287,19 @@ def replay_tierfs(trace: Trace, shape: Shape) -> Replay:
             rec.heat = touched(rec.heat, rec.last_access, now, shape.half_life)
             rec.last_access = now
             continue
-        # ChunkCache.filling -> _make_room (nothing being written), then stored()
+        # ChunkCache.filling -> _make_room (nothing being written): the admission policy
+        # (a reader's chunk only), evictions, then stored() at the entry heat
+        kind = Fill.WRITTEN if write else Fill.READ
         victims, fits = evictor.victims(index, used, length, (), pinned)
+        if not write and victims and not admission.admits(key, index[victims[0]], now):
+            admission.refused(key, now)
+            continue
         for victim in victims:
-            used -= index.pop(victim).length
+            rec = index.pop(victim)
+            admission.evicted(victim, rec)
+            used -= rec.length
         if fits:
-            index[key] = ChunkRecord(length, shape.written_heat if write else 1.0, now, ())
+            index[key] = ChunkRecord(length, admission.entry_heat(key, kind, now), now, ())
             used += length
     out.cached = {ids[k] for k in index}
     return out
@@ -424,9 +433,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fill-time", type=float, action="append",
                     help="seconds the clock takes to read one cache's worth of chunks "
                          "(default 1024: a 1 TiB cache at 1 GiB/s); repeat for one table each")
-    ap.add_argument("--written-heat", type=float, choices=[0.0, 1.0], default=1.0,
-                    help="heat of a written chunk: 1 as tierfs does (default); 0 is a what-if "
-                         "(heat counts reads only), not what tierfs does today")
     ap.add_argument("--pin", type=int, default=0, metavar="CHUNKS",
                     help="tierfs only: pin the objects of the first CHUNKS chunk ids (whole "
                          f"objects of {OBJECT_CHUNKS}), as `tierfs warm --pin` of part of a "
@@ -447,13 +453,10 @@ def main(argv: list[str] | None = None) -> int:
     traces = [make_trace(name, args.cache_chunks, args.seed) for name in args.trace or TRACES]
     passed = True
     for fill_time in fill_times:
-        shape = Shape(args.cache_chunks, fill_time=fill_time, written_heat=args.written_heat,
-                      pinned=args.pin)
+        shape = Shape(args.cache_chunks, fill_time=fill_time, pinned=args.pin)
         rows = [measure(trace, shape) for trace in traces]
         passed &= all(r.passed for r in rows)
         notes = [f"seed {args.seed}"]
-        if shape.written_heat != 1:
-            notes.append(f"WHAT-IF: written chunks at heat {shape.written_heat:g} (tierfs: 1)")
         if shape.pinned_objects:
             notes.append(f"tierfs with chunks 0-{shape.pinned_objects * OBJECT_CHUNKS - 1} "
                          "pinned")

@@ -36,7 +36,7 @@ import trio
 from .analytics import Analytics
 from .backend.base import Backend
 from .backend.runner import AsyncBackend
-from .cache import ChunkCache
+from .cache import Admission, ChunkCache
 from .cache.disk import DiskTier
 from .cache.evictor import Evictor
 from .cache.memory import MemoryTier
@@ -149,7 +149,9 @@ async def build_core(cfg: MountConfig, backend: Backend | AsyncBackend, *,
                           high=cfg.evict_high, low=cfg.evict_low, half_life=cfg.heat_half_life,
                           statvfs=statvfs)
         memory = MemoryTier(cfg.memory_cache_size)
-        cache = ChunkCache(meta, disk, memory, evictor, metrics, clock=clock, tenants=cfg.tenants)
+        admission = Admission(cfg.heat_half_life, cfg.cache_size // cfg.chunk_size)
+        cache = ChunkCache(meta, disk, memory, evictor, metrics, admission=admission, clock=clock,
+                           tenants=cfg.tenants)
         kept, dropped = await trio.to_thread.run_sync(cache.recover)
         log.info("cache dir %s: %d chunks (%d bytes) kept, %d dropped", cache_dir, kept,
                  cache.used_bytes, dropped)

@@ -25,7 +25,7 @@ from __future__ import annotations
 import trio
 
 from .backend.runner import AsyncBackend
-from .cache import ChunkCache, ObjectVersion
+from .cache import ChunkCache, Fill, ObjectVersion
 from .cache.disk import REUSE_MIN
 from .errors import BackendError, CacheUnwritable, PreconditionFailed, RecentFailure
 from .peers import PeerChunk, PeerTier
@@ -276,7 +276,7 @@ class Fetcher:
 
         flight = self._flights[ckey] = _Flight()
         try:
-            async with self.cache.filling(obj, ckey, length) as stored:
+            async with self.cache.filling(obj, ckey, length, Fill.WARM) as stored:
                 if stored is None:
                     return 0, self.cache.has(ckey)
                 try:

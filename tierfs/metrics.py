@@ -38,6 +38,9 @@ class Metrics:
                                         registry=r)
         self.cache_evictions = Counter("tierfs_cache_evictions",
                                        "Chunks evicted from the disk tier", registry=r)
+        self.cache_refused = Counter("tierfs_cache_refused_chunks",
+                                     "Fetched chunks not stored: the full disk tier holds hotter "
+                                     "ones (served from memory)", registry=r)
         self.cache_corrupt = Counter("tierfs_cache_corrupt_chunks",
                                      "Disk chunks dropped for a bad checksum or a missing file",
                                      registry=r)

@@ -80,7 +80,7 @@ from typing import AsyncIterator, Awaitable, Callable, TypeVar
 import trio
 
 from .backend.runner import AsyncBackend
-from .cache import ChunkCache, ObjectVersion
+from .cache import ChunkCache, Fill, ObjectVersion
 from .errors import (AccessDenied, CacheUnwritable, EarlierWriteFailed, NoSpace, NoSuchBucket,
                      NotFound, PreconditionFailed, TierfsError)
 from .integrity import chunk_crcs_metadata, crc32c
@@ -761,7 +761,8 @@ class WriteBack:
         view = memoryview(data)
         for j in range(0, len(data), cs):
             piece = data if len(data) <= cs else view[j:j + cs]
-            await self.cache.fill(version, version.chunk_key(first + j // cs), piece)  # type: ignore[arg-type]
+            await self.cache.fill(version, version.chunk_key(first + j // cs), piece,  # type: ignore[arg-type]
+                                  Fill.WRITTEN)
 
     # ---- streaming parts while the file is written -------------------------------------
 

@@ -11,6 +11,7 @@ from collections import OrderedDict
 import pytest
 import trio
 
+from tierfs.cache import Fill
 from tierfs.cache.keys import ObjectVersion
 
 from unitkit import chunk_files, make_cache, sample, statvfs_result
@@ -36,22 +37,31 @@ async def test_budget_is_cache_size_when_space_is_plenty(tmp_path):
         rig.close()
 
 
-async def test_filling_past_cache_size_never_exceeds_it(tmp_path):
+@pytest.mark.parametrize("kind", [Fill.READ, Fill.WARM])
+async def test_filling_past_cache_size_never_exceeds_it(tmp_path, kind):
     root = str(tmp_path)
     rig = make_cache(root, cache_size=N * CHUNK)
     o = obj("big", 5 * N)
     try:
         for i in range(5 * N):
             rig.clock.advance(1)
-            await rig.cache.fill(o, o.chunk_key(i), payload(i))
+            await rig.cache.fill(o, o.chunk_key(i), payload(i), kind)
             assert rig.cache.used_bytes <= N * CHUNK
             assert sum(chunk_files(root).values()) == rig.cache.used_bytes
-        assert sample(rig.metrics, "tierfs_cache_evictions_total") > 0
         # usage ends between the low and high watermarks, not emptied
         assert rig.cache.used_bytes >= int(0.90 * N * CHUNK) - CHUNK
-        # the survivors are the newest chunks (all equally cold otherwise) and read back
         survivors = [i for i in range(5 * N) if rig.cache.has(o.chunk_key(i))]
-        assert survivors == list(range(5 * N - len(survivors), 5 * N))
+        refused = sample(rig.metrics, "tierfs_cache_refused_chunks_total")
+        evicted = sample(rig.metrics, "tierfs_cache_evictions_total")
+        if kind is Fill.READ:
+            # a one-shot scan: the free room takes its first chunks; then no chunk of it
+            # has more reads than what is cached, so the rest is refused, not swapped in
+            assert survivors == list(range(len(survivors)))
+            assert (refused, evicted) == (5 * N - len(survivors), 0)
+        else:
+            # warmed chunks are always admitted: the newest stay (all equally cold)
+            assert survivors == list(range(5 * N - len(survivors), 5 * N))
+            assert refused == 0 and evicted > 0
         for i in survivors:
             got, _ = await rig.cache.read(o.chunk_key(i), 0, 0, touch=False)
             assert got == payload(i)
@@ -192,7 +202,8 @@ async def test_scan_does_not_evict_the_hot_set(tmp_path):
     try:
         hot_keys, scan_keys, _ = await run_hot_then_scan(rig)
         assert rig.cache.used_bytes <= N * CHUNK
-        assert sample(rig.metrics, "tierfs_cache_evictions_total") >= 4 * N
+        # the scan's chunks past the free room were refused: none has reads to show
+        assert sample(rig.metrics, "tierfs_cache_refused_chunks_total") >= 4 * N
         for i, k in enumerate(hot_keys):
             assert rig.cache.has(k), f"hot chunk {i} was evicted by the scan"
             got, source = await rig.cache.read(k, 0, 0, touch=True)
@@ -216,9 +227,11 @@ async def test_plain_lru_would_have_lost_the_hot_set(tmp_path):
     assert not kept_by_lru & set(hot_keys)
 
 
-@pytest.mark.parametrize("half_lives", [1, 3])
+@pytest.mark.parametrize("half_lives", [1, 4, 7])
 async def test_heat_fades_so_a_new_working_set_takes_over(tmp_path, half_lives):
-    # hot data unused for long enough is no hotter than new data: heat is not forever
+    # heat is not forever: chunks of old hot data unread for long enough (their heat
+    # below admission.STALE) give way to any new chunk; before that, to a new chunk read
+    # again (its remembered heat above MARGIN x theirs), not to a chunk read once
     half_life = 100.0
     rig = make_cache(str(tmp_path), cache_size=N * CHUNK, memory_bytes=0,
                      half_life=half_life)
@@ -229,11 +242,17 @@ async def test_heat_fades_so_a_new_working_set_takes_over(tmp_path, half_lives):
             await rig.cache.fill(old, old.chunk_key(i), payload(i))
             for _ in range(3):
                 await rig.cache.read(old.chunk_key(i), 0, 0, touch=True)
-        # heat 4 at t0: a chunk filled later than 2 half-lives is hotter
+        # heat 4 at t0: 2 after 1 half-life, 1/4 after 4, 1/32 (< STALE) after 7
         rig.clock.advance(half_lives * half_life + 1)
         for i in range(5 * N):
             await rig.cache.fill(new, new.chunk_key(i), payload(i))
         survived = sum(rig.cache.has(old.chunk_key(i)) for i in range(HOT))
-        assert survived == (HOT if half_lives < 2 else 0)
+        assert survived == (0 if half_lives == 7 else HOT)
+        # the last 2 N chunks of the new data read again, right away (remembered: the
+        # history holds 4 N chunks): history 1 is above 2 x 1/4, not above 2 x 2
+        for i in range(3 * N, 5 * N):
+            await rig.cache.fill(new, new.chunk_key(i), payload(i))
+        survived = sum(rig.cache.has(old.chunk_key(i)) for i in range(HOT))
+        assert survived == (HOT if half_lives == 1 else 0)
     finally:
         rig.close()

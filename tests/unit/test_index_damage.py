@@ -72,6 +72,7 @@ logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
                     format="%(levelname)s %(name)s: %(message)s")
 from tierfs.cache import ChunkCache
 from tierfs.cache.disk import DiskTier
+from tierfs.cache.admission import Admission
 from tierfs.cache.evictor import Evictor
 from tierfs.cache.memory import MemoryTier
 from tierfs.errors import CacheCorrupt
@@ -81,7 +82,7 @@ root = sys.argv[1]
 meta = MetaStore(root + "/index", "s3://bucket/", map_size=64 << 20)
 disk = DiskTier(root, 4096)
 ev = Evictor(root, cache_size=1 << 30, min_free_ratio=0.0, high=0.95, low=0.9, half_life=60.0)
-cache = ChunkCache(meta, disk, MemoryTier(0), ev, Metrics())
+cache = ChunkCache(meta, disk, MemoryTier(0), ev, Metrics(), admission=Admission(60.0, 1024))
 kept, dropped = cache.recover()
 chunks = {}
 for key, rec in meta.chunks():

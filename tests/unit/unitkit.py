@@ -14,7 +14,7 @@ from typing import AsyncIterator, Callable
 
 from tierfs.backend.base import Backend
 from tierfs.backend.file import FileBackend
-from tierfs.cache import ChunkCache
+from tierfs.cache import Admission, ChunkCache
 from tierfs.cache.disk import DiskTier
 from tierfs.cache.evictor import Evictor
 from tierfs.cache.memory import MemoryTier
@@ -111,7 +111,9 @@ def make_cache(root: str, *, cache_size: int, memory_bytes: int = 0, block_size:
     evictor = Evictor(root, cache_size=cache_size, min_free_ratio=min_free_ratio, high=high,
                       low=low, half_life=half_life, statvfs=statvfs)
     memory = MemoryTier(memory_bytes)
-    cache = ChunkCache(meta, disk, memory, evictor, metrics, clock=clock)
+    # history sized as the daemon sizes it, for chunks of one block
+    admission = Admission(half_life, cache_size // block_size)
+    cache = ChunkCache(meta, disk, memory, evictor, metrics, admission=admission, clock=clock)
     return CacheRig(root, meta, disk, memory, evictor, cache, metrics, clock)
 
 

@@ -29,7 +29,7 @@ import trio
 from tierfs.backend.base import Backend
 from tierfs.backend.file import FileBackend
 from tierfs.backend.runner import AsyncBackend
-from tierfs.cache import ChunkCache, ObjectVersion
+from tierfs.cache import Admission, ChunkCache, ObjectVersion
 from tierfs.cache.disk import DiskTier
 from tierfs.cache.evictor import Evictor
 from tierfs.cache.memory import MemoryTier
@@ -196,7 +196,8 @@ async def wb_rig(root, backend: FaultyBackend, *, bucket: str = "bucket",
         disk = DiskTier(cache_dir, 4096)
         evictor = Evictor(cache_dir, cache_size=cache_size, min_free_ratio=0.1, high=0.95,
                           low=0.9, half_life=1800.0, statvfs=_plenty)
-        cache = ChunkCache(meta, disk, MemoryTier(0), evictor, metrics)
+        cache = ChunkCache(meta, disk, MemoryTier(0), evictor, metrics,
+                           admission=Admission(1800.0, cache_size // 4096))
         await trio.to_thread.run_sync(cache.recover)
         abackend = AsyncBackend(backend, metrics, concurrency=8, background=4)
 

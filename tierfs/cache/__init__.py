@@ -33,6 +33,7 @@ from ..errors import CacheCorrupt
 from ..meta import ChunkRecord, MetaStore
 from ..metrics import Metrics
 from ..tenants import DEFAULT, TenantMap
+from .admission import Admission, Fill
 from .disk import REUSE_MIN, DiskTier
 from .evictor import Evictor
 from .heat import touched
@@ -42,7 +43,7 @@ from .pins import Pins
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ChunkCache", "ObjectVersion", "TenantBytes"]
+__all__ = ["Admission", "ChunkCache", "Fill", "ObjectVersion", "TenantBytes"]
 
 KINDS = ("cached", "pinned", "dirty")  # the kind label of tierfs_tenant_cache_bytes
 IDLE_SWEEP_MIN_S, IDLE_SWEEP_MAX_S = 10.0, 600.0
@@ -73,13 +74,14 @@ class _Tally:
 
 class ChunkCache:
     def __init__(self, meta: MetaStore, disk: DiskTier, memory: MemoryTier, evictor: Evictor,
-                 metrics: Metrics, *, clock: Callable[[], float] = time.time,
+                 metrics: Metrics, *, admission: Admission, clock: Callable[[], float] = time.time,
                  tenants: TenantMap | None = None) -> None:
         self.meta = meta
         self.disk = disk
         self.memory = memory
         memory.released = disk.reuse  # a big read's buffer serves the next one (disk.py)
         self.evictor = evictor
+        self.admission = admission
         self.metrics = metrics
         self.block_size = disk.block_size
         self._clock = clock
@@ -227,9 +229,11 @@ class ChunkCache:
         """Put a freshly fetched chunk in the memory tier (synchronous, before any await)."""
         self.memory.put((ckey, WHOLE), data)
 
-    async def fill(self, obj: ObjectVersion, ckey: bytes, data: bytes) -> None:
-        """Write a freshly fetched chunk to the disk tier (the reader already has the bytes)."""
-        async with self.filling(obj, ckey, len(data)) as stored:
+    async def fill(self, obj: ObjectVersion, ckey: bytes, data: bytes,
+                   kind: Fill = Fill.READ) -> None:
+        """Write a chunk to the disk tier: fetched for a reader (who has the bytes already),
+        or written through the mount (`Fill.WRITTEN`)."""
+        async with self.filling(obj, ckey, len(data), kind) as stored:
             if stored is None:
                 return
             try:
@@ -239,12 +243,13 @@ class ChunkCache:
                 log.warning("cannot write chunk to the cache dir: %s", exc)
 
     @asynccontextmanager
-    async def filling(self, obj: ObjectVersion, ckey: bytes,
-                      length: int) -> AsyncIterator[Callable[[tuple[int, ...]], None] | None]:
+    async def filling(self, obj: ObjectVersion, ckey: bytes, length: int, kind: Fill = Fill.READ
+                      ) -> AsyncIterator[Callable[[tuple[int, ...]], None] | None]:
         """Room and bookkeeping for writing one chunk to the disk tier.
 
-        Yields None when the chunk is there already, being written, or does not fit (in
-        the budget, or in its tenant's hard share);
+        Yields None when the chunk is there already, being written, does not fit (in
+        the budget, or in its tenant's hard share), or is a reader's chunk the admission
+        policy refuses (it would push out a chunk with more reads: admission.py);
         else a function to call with the chunk's CRCs once its file is written, which
         indexes it. Room is made and reserved before the caller's write (concurrent fills
         see each other); the reservation ends with the block.
@@ -259,7 +264,9 @@ class ChunkCache:
         try:
             # its own chunks first when at its hard share; the check again after the
             # global eviction's awaits (other fills of the tenant may have come in)
-            if not (await self._admit(tenant, length) and await self._make_room(length)
+            reader = ckey if kind is Fill.READ else None  # the chunk admission decides on
+            if not (await self._admit(tenant, length, reader)
+                    and await self._make_room(length, reader)
                     and self._within_hard(tenant, length)):
                 yield None
                 return
@@ -268,7 +275,8 @@ class ChunkCache:
             tally.reserved += reserved
 
             def stored(crcs: tuple[int, ...]) -> None:
-                rec = ChunkRecord(length, 1.0, self._clock(), crcs)
+                now = self._clock()
+                rec = ChunkRecord(length, self.admission.entry_heat(ckey, kind, now), now, crcs)
                 self._add_chunk(ckey, rec, tenant)
                 self._pending_puts[ckey] = rec
                 self._pending_deletes.discard(ckey)
@@ -282,10 +290,14 @@ class ChunkCache:
             self._writing.discard(ckey)
             self._publish()
 
-    async def _make_room(self, incoming: int) -> bool:
-        victims, fits = self.evictor.victims(
-            self._index, self._used + self._reserved + self._dirty, incoming, self._writing,
-            self.pins, over_soft=self._over_soft if self._soft else None, owner=self._owner)
+    async def _make_room(self, incoming: int, reader: bytes | None = None) -> bool:
+        victims, fits = self._victims(incoming)
+        if self._refuses(reader, victims):
+            # the chunk stays out, but a budget the free-space guard shrank is still kept
+            victims, _ = self._victims(0)
+            for key in victims:
+                await self.drop(key, evicted=True)
+            return False
         for key in victims:
             await self.drop(key, evicted=True)
         if not fits and not self._full_logged:
@@ -293,6 +305,24 @@ class ChunkCache:
                         self._used)
             self._full_logged = True
         return fits
+
+    def _victims(self, incoming: int) -> tuple[list[bytes], bool]:
+        return self.evictor.victims(
+            self._index, self._used + self._reserved + self._dirty, incoming, self._writing,
+            self.pins, over_soft=self._over_soft if self._soft else None, owner=self._owner)
+
+    def _refuses(self, ckey: bytes | None, victims: list[bytes]) -> bool:
+        """Whether the admission policy keeps a reader's chunk `ckey` out rather than evict
+        `victims` (coldest first) for it; a refusal is counted and remembered. Other fills
+        (ckey None) are not the policy's."""
+        if ckey is None or not victims:
+            return False
+        now = self._clock()
+        if self.admission.admits(ckey, self._index[victims[0]], now):
+            return False
+        self.admission.refused(ckey, now)
+        self.metrics.cache_refused.inc()
+        return True
 
     # ---- tenants -------------------------------------------------------------------
 
@@ -394,9 +424,10 @@ class ChunkCache:
                         "without the disk tier", tenant, share, limit)
         return False
 
-    async def _admit(self, tenant: str, incoming: int) -> bool:
+    async def _admit(self, tenant: str, incoming: int, reader: bytes | None = None) -> bool:
         """A tenant at its hard share makes room for `incoming` bytes from its own chunks
-        (coldest first), never from another tenant's; False if it cannot."""
+        (coldest first), never from another tenant's; False if it cannot (or the admission
+        policy refuses the reader's chunk `reader` those chunks' room)."""
         share = self._hard.get(tenant)
         if share is None:
             return True
@@ -404,6 +435,8 @@ class ChunkCache:
         victims, _ = self.evictor.own_victims(
             self._index, tenant, self._owner, self._tally[tenant].share_used, incoming, limit,
             self._writing, self.pins)
+        if self._refuses(reader, victims):
+            return False
         for key in victims:
             await self.drop(key, evicted=True)
         return self._within_hard(tenant, incoming)
@@ -462,6 +495,7 @@ class ChunkCache:
         self._pending_deletes.add(ckey)
         if evicted:
             self.metrics.cache_evictions.inc()
+            self.admission.evicted(ckey, rec)
         await trio.to_thread.run_sync(self.disk.delete, ckey)
         self._publish()
 
@@ -493,10 +527,7 @@ class ChunkCache:
         with trio.move_on_after(wait_s):
             while True:
                 if key is None or await self._admit(tenant, nbytes):
-                    victims, fits = self.evictor.victims(
-                        self._index, self._used + self._reserved + self._dirty, nbytes,
-                        self._writing, self.pins,
-                        over_soft=self._over_soft if self._soft else None, owner=self._owner)
+                    victims, fits = self._victims(nbytes)
                     for victim in victims:
                         await self.drop(victim, evicted=True)
                     if fits and (key is None or self._within_hard(tenant, nbytes)):

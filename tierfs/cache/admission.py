@@ -1,0 +1,108 @@
+"""Admission: which chunk a full disk tier takes in, and which it serves from memory only.
+
+Eviction by heat alone keeps nothing of a loop over a data set larger than the cache (each
+chunk is the coldest just before its next read: LRU gets 0 too), and a one-shot scan
+pushes out a hot set read once a round. Both are the common shapes of training I/O. So,
+as TinyLFU does, a chunk fetched for a reader when the cache must evict to store it is
+stored only if it has clearly more history than the chunk it would push out: its heat
+before this read, remembered from earlier reads while it was out of the cache (`History`),
+above MARGIN times the coldest victim's heat now. A chunk that loses is served from
+memory and its read is remembered: read again, it gets in over victims read less.
+
+Stale data does not hold the cache for ever: a victim idle long enough that its heat has
+fallen below STALE (4 half-lives for a chunk read once, 2 h at the default) gives way to
+any chunk. Room is never refused while the cache has it (no eviction needed), nor to
+explicit fills: `tierfs warm`, and written data (the write path stores it anyway; a
+checkpoint read back after a restart is the point).
+
+A chunk's heat when stored (`entry_heat`): a reader's chunk enters with its remembered
+heat plus this read; a warmed one with 1 (it is there to be read); a written one with 0:
+heat counts reads, so an unread checkpoint is the first thing any chunk with history may
+replace, while eviction still ranks it as read once at its write (heat.py), which keeps
+the last checkpoint for its restore as long as data just read.
+
+History is bounded (HISTORY_FACTOR x the cache's chunk count, at most HISTORY_MAX
+entries, oldest forgotten first) and lives in memory: after a restart a loop's chunks are
+new again and the first epoch admits nothing past the cache's free room.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import OrderedDict
+
+from ..meta import ChunkRecord
+from .heat import decayed
+
+STALE = 1 / 16  # a victim's decayed heat below this yields to any chunk
+# Chunks read equally often differ in decayed heat by when they were last read (2x a half-
+# life apart): without a margin a shuffled loop's resident set churns on timing alone
+# (bench/evict.py at 1024 s, epochs-shuffled: 1.25 gives 0.52x OPT, 2 gives 1.00x)
+MARGIN = 2.0
+HISTORY_FACTOR = 4  # chunks remembered: this many cache-fulls
+HISTORY_MAX = 1 << 20  # at most (~100 MB of dict at 1 M entries)
+
+
+class Fill(enum.Enum):
+    """Why a chunk is stored: what admission and its starting heat depend on."""
+
+    READ = "read"  # fetched for a reader (or read ahead for one, or for a peer)
+    WARM = "warm"  # `tierfs warm`: asked for explicitly, always admitted
+    WRITTEN = "written"  # written through the mount: stored anyway, heat 0 until read
+
+
+class History:
+    """Decayed heat of chunks read while not in the cache, bounded, oldest forgotten."""
+
+    def __init__(self, half_life: float, size: int) -> None:
+        self.half_life = half_life
+        self.size = max(1, min(size, HISTORY_MAX))
+        self._seen: OrderedDict[bytes, tuple[float, float]] = OrderedDict()
+
+    def heat(self, ckey: bytes, now: float) -> float:
+        past = self._seen.get(ckey)
+        return 0.0 if past is None else decayed(past[0], past[1], now, self.half_life)
+
+    def remember(self, ckey: bytes, heat: float, at: float) -> None:
+        self._seen[ckey] = (heat, at)
+        self._seen.move_to_end(ckey)
+        while len(self._seen) > self.size:
+            self._seen.popitem(last=False)
+
+    def forget(self, ckey: bytes) -> tuple[float, float] | None:
+        return self._seen.pop(ckey, None)
+
+    def __len__(self) -> int:
+        return len(self._seen)
+
+
+class Admission:
+    """The policy (module doc). `chunks`: the cache's size in chunks (sizes the history)."""
+
+    def __init__(self, half_life: float, chunks: int) -> None:
+        self.half_life = half_life
+        self.history = History(half_life, HISTORY_FACTOR * chunks)
+
+    def admits(self, ckey: bytes, victim: ChunkRecord | None, now: float) -> bool:
+        """Whether a chunk fetched for a reader may push out `victim` (the coldest chunk the
+        evictor would drop for it; None: nothing needs to go)."""
+        if victim is None:
+            return True
+        theirs = decayed(victim.heat, victim.last_access, now, self.half_life)
+        return theirs < STALE or self.history.heat(ckey, now) > MARGIN * theirs
+
+    def refused(self, ckey: bytes, now: float) -> None:
+        """A chunk served from memory only: its read is history."""
+        self.history.remember(ckey, self.history.heat(ckey, now) + 1.0, now)
+
+    def evicted(self, ckey: bytes, rec: ChunkRecord) -> None:
+        self.history.remember(ckey, rec.heat, rec.last_access)
+
+    def entry_heat(self, ckey: bytes, kind: Fill, now: float) -> float:
+        """The heat a chunk is indexed with (module doc); its history is over."""
+        past = self.history.forget(ckey)
+        if kind is Fill.WRITTEN:
+            return 0.0
+        if kind is Fill.WARM or past is None:
+            return 1.0
+        return 1.0 + decayed(past[0], past[1], now, self.half_life)
