@@ -227,7 +227,7 @@ async def test_plain_lru_would_have_lost_the_hot_set(tmp_path):
     assert not kept_by_lru & set(hot_keys)
 
 
-@pytest.mark.parametrize("half_lives", [1, 4, 7])
+@pytest.mark.parametrize("half_lives", [1, 4, 13])
 async def test_heat_fades_so_a_new_working_set_takes_over(tmp_path, half_lives):
     # heat is not forever: chunks of old hot data unread for long enough (their heat
     # below admission.STALE) give way to any new chunk; before that, to a new chunk read
@@ -242,12 +242,12 @@ async def test_heat_fades_so_a_new_working_set_takes_over(tmp_path, half_lives):
             await rig.cache.fill(old, old.chunk_key(i), payload(i))
             for _ in range(3):
                 await rig.cache.read(old.chunk_key(i), 0, 0, touch=True)
-        # heat 4 at t0: 2 after 1 half-life, 1/4 after 4, 1/32 (< STALE) after 7
+        # heat 4 at t0: 2 after 1 half-life, 1/4 after 4, 1/2048 (< STALE) after 13
         rig.clock.advance(half_lives * half_life + 1)
         for i in range(5 * N):
             await rig.cache.fill(new, new.chunk_key(i), payload(i))
         survived = sum(rig.cache.has(old.chunk_key(i)) for i in range(HOT))
-        assert survived == (0 if half_lives == 7 else HOT)
+        assert survived == (0 if half_lives == 13 else HOT)
         # the last 2 N chunks of the new data read again, right away (remembered: the
         # history holds 4 N chunks): history 1 is above 2 x 1/4, not above 2 x 2
         for i in range(3 * N, 5 * N):

@@ -131,9 +131,11 @@ def test_pinned_set_survives_a_scan_and_unpin_releases_it(rgw, bucket, tmp_path,
         assert r.rc == 0 and "job:42" in r.out, r.out + r.err
         (status,) = tierfs("status", m.path, "--json").events
         assert status["pinned"] == {"files": 0, "bytes": 0, "owners": []}
-        for key, data in scan.items():  # as hot as the unpinned set, and newer
-            assert read_uncached(m.path / key) == data
-            assert read_uncached(m.path / key) == data
+        # each scan file read 4 times: the 4th read's remembered 3 are more than twice the
+        # unpinned set's 1 (its warm), so the admission policy lets it in over the set
+        for key, data in scan.items():
+            for _ in range(4):
+                assert read_uncached(m.path / key) == data
         assert tierfs("warm", "--check", m.path / "keep").rc == 3  # evictable again, evicted
 
 

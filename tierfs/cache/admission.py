@@ -10,8 +10,11 @@ above MARGIN times the coldest victim's heat now. A chunk that loses is served f
 memory and its read is remembered: read again, it gets in over victims read less.
 
 Stale data does not hold the cache for ever: a victim idle long enough that its heat has
-fallen below STALE (4 half-lives for a chunk read once, 2 h at the default) gives way to
-any chunk. Room is never refused while the cache has it (no eviction needed), nor to
+fallen below STALE (10 half-lives for a chunk read once, 5 h at the default) gives way to
+any chunk, and long before that to any chunk read twice while out of the cache (its
+history against a victim's heat decayed to almost nothing). STALE is small because it
+must not fire inside a loop: an epoch that takes 4 half-lives (bench/evict.py at 8192 s
+per cache of reads) kept nothing with 1/16. Room is never refused while the cache has it (no eviction needed), nor to
 explicit fills: `tierfs warm`, and written data (the write path stores it anyway; a
 checkpoint read back after a restart is the point).
 
@@ -34,7 +37,7 @@ from collections import OrderedDict
 from ..meta import ChunkRecord
 from .heat import decayed
 
-STALE = 1 / 16  # a victim's decayed heat below this yields to any chunk
+STALE = 1 / 1024  # a victim's decayed heat below this yields to any chunk
 # Chunks read equally often differ in decayed heat by when they were last read (2x a half-
 # life apart): without a margin a shuffled loop's resident set churns on timing alone
 # (bench/evict.py at 1024 s, epochs-shuffled: 1.25 gives 0.52x OPT, 2 gives 1.00x)
