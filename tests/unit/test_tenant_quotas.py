@@ -320,3 +320,18 @@ async def test_unsaved_writes_count_to_the_tenant_of_their_file(tmp_path):
         await c.io.release(h.fh)
         assert c.core.cache.dirty_bytes == 0
         assert sum(t.dirty for t in c.core.cache.tenant_bytes().values()) == 0
+
+
+async def test_a_reader_under_its_share_is_admitted_over_a_tenant_above_its_soft_share(
+        tmp_path):
+    # shares come before heat: b's chunks, read once (no history for the admission policy
+    # to go on), still take the room a holds above its soft share
+    rig = tenant_cache(tmp_path, tenants(a={"prefixes": ["a/"], "soft": "25%"},
+                                         b={"prefixes": ["b/"]}))
+    oa, ob = obj("a/x", N), obj("b/y", N)
+    await fill(rig, oa, range(N), kind=Fill.READ)  # a takes the free room
+    assert len(cached(rig, oa, N)) > N // 2
+    await fill(rig, ob, range(N), kind=Fill.READ)
+    assert rig.cache.tenant_bytes()["a"].cached <= N // 4 * CHUNK  # its share, or below
+    assert len(cached(rig, ob, N)) >= N // 2
+    rig.close()

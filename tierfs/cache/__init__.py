@@ -266,7 +266,7 @@ class ChunkCache:
             # global eviction's awaits (other fills of the tenant may have come in)
             reader = ckey if kind is Fill.READ else None  # the chunk admission decides on
             if not (await self._admit(tenant, length, reader)
-                    and await self._make_room(length, reader)
+                    and await self._make_room(length, reader, tenant)
                     and self._within_hard(tenant, length)):
                 yield None
                 return
@@ -290,9 +290,10 @@ class ChunkCache:
             self._writing.discard(ckey)
             self._publish()
 
-    async def _make_room(self, incoming: int, reader: bytes | None = None) -> bool:
+    async def _make_room(self, incoming: int, reader: bytes | None = None,
+                         tenant: str = DEFAULT) -> bool:
         victims, fits = self._victims(incoming)
-        if self._refuses(reader, victims):
+        if self._refuses(reader, victims, tenant):
             # the chunk stays out, but a budget the free-space guard shrank is still kept
             victims, _ = self._victims(0)
             for key in victims:
@@ -311,11 +312,16 @@ class ChunkCache:
             self._index, self._used + self._reserved + self._dirty, incoming, self._writing,
             self.pins, over_soft=self._over_soft if self._soft else None, owner=self._owner)
 
-    def _refuses(self, ckey: bytes | None, victims: list[bytes]) -> bool:
-        """Whether the admission policy keeps a reader's chunk `ckey` out rather than evict
-        `victims` (coldest first) for it; a refusal is counted and remembered. Other fills
-        (ckey None) are not the policy's."""
+    def _refuses(self, ckey: bytes | None, victims: list[bytes], tenant: str) -> bool:
+        """Whether the admission policy keeps a reader's chunk `ckey` (of `tenant`) out
+        rather than evict `victims` (coldest first) for it; a refusal is counted and
+        remembered. Other fills (ckey None) are not the policy's, nor a victim of another
+        tenant above its soft share: the operator's shares come before heat."""
         if ckey is None or not victims:
+            return False
+        owner = self._owner(victims[0])
+        if owner != tenant and owner in self._soft and self._over_soft(
+                self.evictor.budget(self._used + self._reserved + self._dirty)).get(owner):
             return False
         now = self._clock()
         if self.admission.admits(ckey, self._index[victims[0]], now):
@@ -435,7 +441,7 @@ class ChunkCache:
         victims, _ = self.evictor.own_victims(
             self._index, tenant, self._owner, self._tally[tenant].share_used, incoming, limit,
             self._writing, self.pins)
-        if self._refuses(reader, victims):
+        if self._refuses(reader, victims, tenant):
             return False
         for key in victims:
             await self.drop(key, evicted=True)
