@@ -412,6 +412,7 @@ class MetadataPart(_Result):
 
 class EvictionPart(_Result):
     evictions: Count  # chunks evicted since the mount started
+    refused: Count = 0  # chunks fetched for readers and not stored (cache/admission.py)
     fetches: Count  # chunk accesses the store (or a peer) served
     refetches: Count  # of those, chunks fetched before: evicted, then wanted again
     refetch_ratio: Ratio | None = None

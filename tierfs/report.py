@@ -60,6 +60,7 @@ async def build_report(req: ReportRequest, *, info: dict[str, Any], analytics: A
                    if c[1] < now - req.cold_after), key=lambda x: (x[2], -x[1]))
     read_total = t.bytes_read()
     evictions = int(metrics.value("tierfs_cache_evictions_total"))
+    refused = int(metrics.value("tierfs_cache_refused_chunks_total"))
     return {
         **info, "generated": now, "levels": analytics.levels,
         "cache": {"used": cache.used_bytes, "budget": cache.budget(),
@@ -78,7 +79,8 @@ async def build_report(req: ReportRequest, *, info: dict[str, Any], analytics: A
         "stalls": _stalls(metrics, stalls),
         "composition": view.by_heat,
         "heat": _heat_histogram(view),
-        "eviction": {"evictions": evictions, "fetches": t.fetches, "refetches": t.refetches,
+        "eviction": {"evictions": evictions, "refused": refused, "fetches": t.fetches,
+                     "refetches": t.refetches,
                      "refetch_ratio": _round(t.refetches / t.fetches if t.fetches else None)},
         "usage_series": [{"t": s.t, "used": s.used, "budget": s.budget, "pinned": s.pinned}
                          for s in history]

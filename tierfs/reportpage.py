@@ -96,9 +96,10 @@ def sections(r: ReportResult) -> list[tuple[str, list[str], list[list[str]]]]:
     out.append(("Cache by heat", ["band", "bytes"],
                 [[band, format_size(n)] for band, n in r.composition.items()]))
     e = r.eviction
-    out.append(("Eviction quality", ["evictions", "chunks fetched", "fetched again",
-                                     "re-fetch ratio"],
-                [[str(e.evictions), str(e.fetches), str(e.refetches), _pct(e.refetch_ratio)]]))
+    out.append(("Eviction quality", ["evictions", "not stored (admission)", "chunks fetched",
+                                     "fetched again", "re-fetch ratio"],
+                [[str(e.evictions), str(e.refused), str(e.fetches), str(e.refetches),
+                  _pct(e.refetch_ratio)]]))
     return out
 
 

@@ -65,6 +65,7 @@ async def test_report_matches_the_reads_and_renders(tmp_path):
     assert sum(r.composition.values()) == r.cache.used == sum(b.count for b in r.heat)
     assert r.cold == []  # everything was read just now
     assert r.eviction.fetches == 5 and r.eviction.refetches == 0
+    assert r.eviction.evictions == r.eviction.refused == 0  # the cache had room
     assert r.usage_series[-1].used == r.cache.used
     assert r.ratio_series[-1].bytes == r.read.total()
     text = reportpage.text(r)
