@@ -181,6 +181,7 @@ def zipf(cache: int, rng: random.Random, *, keys: float = 10.0, alpha: float = 1
 TRACES: dict[str, Callable[[int, random.Random], Trace]] = {
     "epochs": epochs,
     "epochs-shuffled": lambda c, r: epochs(c, r, shuffled=True),
+    "epochs-shuffled-5x": lambda c, r: epochs(c, r, shuffled=True, size=5.0),
     "hot+scans": lambda c, r: hot_and_scans(c, r, readers=2),
     "hot+scans-once": lambda c, r: hot_and_scans(c, r, readers=1),
     "checkpoints": checkpoints,
@@ -272,6 +273,7 @@ def replay_tierfs(trace: Trace, shape: Shape) -> Replay:
     index: dict[bytes, ChunkRecord] = {}
     used, length, out = 0, shape.chunk_bytes, Replay()
     admission = Admission(shape.half_life, shape.chunks)
+    generation, coldest = 0, (-1, b"", 0.0)  # ChunkCache._generation and ._coldest
     pinned = {object_chunk(n * OBJECT_CHUNKS, length)[0].oid
               for n in range(shape.pinned_objects)}
     for i, (cid, write) in enumerate(zip(trace.chunks, trace.writes)):
@@ -288,9 +290,17 @@ def replay_tierfs(trace: Trace, shape: Shape) -> Replay:
             rec.last_access = now
             continue
         # ChunkCache.filling -> _make_room (nothing being written): the admission policy
-        # (a reader's chunk only), evictions, then stored() at the entry heat
+        # (a reader's chunk only; against the coldest chunk the last sort found while it
+        # still is, as ChunkCache does), evictions, then stored() at the entry heat
         kind = Fill.WRITTEN if write else Fill.READ
+        if not write and evictor.must_evict(used, length) and coldest[0] == generation \
+                and index[coldest[1]].last_access == coldest[2] \
+                and not admission.admits(key, index[coldest[1]], now):
+            admission.refused(key, now)
+            continue
         victims, fits = evictor.victims(index, used, length, (), pinned)
+        if victims:
+            coldest = (generation, victims[0], index[victims[0]].last_access)
         if not write and victims and not admission.admits(key, index[victims[0]], now):
             admission.refused(key, now)
             continue
@@ -298,9 +308,11 @@ def replay_tierfs(trace: Trace, shape: Shape) -> Replay:
             rec = index.pop(victim)
             admission.evicted(victim, rec)
             used -= rec.length
+            generation += 1
         if fits:
             index[key] = ChunkRecord(length, admission.entry_heat(key, kind, now), now, ())
             used += length
+            generation += 1
     out.cached = {ids[k] for k in index}
     return out
 

@@ -227,11 +227,12 @@ async def test_plain_lru_would_have_lost_the_hot_set(tmp_path):
     assert not kept_by_lru & set(hot_keys)
 
 
-@pytest.mark.parametrize("half_lives", [1, 4, 13])
+@pytest.mark.parametrize("half_lives", [1, 6, 13])
 async def test_heat_fades_so_a_new_working_set_takes_over(tmp_path, half_lives):
     # heat is not forever: chunks of old hot data unread for long enough (their heat
     # below admission.STALE) give way to any new chunk; before that, to a new chunk read
-    # again (its remembered heat above MARGIN x theirs), not to a chunk read once
+    # again whose heat, counting the time between the two chunks' last reads beyond
+    # LAG_IGNORED, is above MARGIN x theirs; not to a chunk read once
     half_life = 100.0
     rig = make_cache(str(tmp_path), cache_size=N * CHUNK, memory_bytes=0,
                      half_life=half_life)
@@ -242,17 +243,58 @@ async def test_heat_fades_so_a_new_working_set_takes_over(tmp_path, half_lives):
             await rig.cache.fill(old, old.chunk_key(i), payload(i))
             for _ in range(3):
                 await rig.cache.read(old.chunk_key(i), 0, 0, touch=True)
-        # heat 4 at t0: 2 after 1 half-life, 1/4 after 4, 1/2048 (< STALE) after 13
+        # heat 4 at t0, 1/2048 (< STALE) after 13 half-lives
         rig.clock.advance(half_lives * half_life + 1)
         for i in range(5 * N):
             await rig.cache.fill(new, new.chunk_key(i), payload(i))
         survived = sum(rig.cache.has(old.chunk_key(i)) for i in range(HOT))
         assert survived == (0 if half_lives == 13 else HOT)
         # the last 2 N chunks of the new data read again, right away (remembered: the
-        # history holds 4 N chunks): history 1 is above 2 x 1/4, not above 2 x 2
+        # history holds 4 N chunks): their heat 1, read 6 half-lives after the old chunks
+        # were, counts 2^(6 - 2) = 16 > 2 x 4; read 1 half-life after, 1 < 2 x 4
         for i in range(3 * N, 5 * N):
             await rig.cache.fill(new, new.chunk_key(i), payload(i))
         survived = sum(rig.cache.has(old.chunk_key(i)) for i in range(HOT))
         assert survived == (HOT if half_lives == 1 else 0)
+    finally:
+        rig.close()
+
+
+async def test_refused_fills_do_not_sort_the_index_each_time(tmp_path):
+    # a scan refused chunk after chunk compares each with the coldest chunk the last sort
+    # found (nothing changed since): one sort of the index, not one per chunk. A read of
+    # that chunk makes it hotter: the next fill sorts again and sees the new coldest.
+    rig = make_cache(str(tmp_path), cache_size=N * CHUNK, memory_bytes=0)
+    sorts = 0
+    coldest = rig.evictor.coldest
+
+    def counting(*args, **kwargs):
+        nonlocal sorts
+        sorts += 1
+        return coldest(*args, **kwargs)
+    rig.evictor.coldest = counting
+    hot, scan = obj("hot", N), obj("scan", 4 * N)
+    try:
+        for i in range(N - 1):  # 15 chunks: just below the high watermark
+            rig.clock.advance(1)
+            await rig.cache.fill(hot, hot.chunk_key(i), payload(i))
+        assert sorts == 0  # the free room: nothing to evict, no admission test
+        for i in range(4 * N):
+            rig.clock.advance(1)
+            await rig.cache.fill(scan, scan.chunk_key(i), payload(i))
+        assert sample(rig.metrics, "tierfs_cache_refused_chunks_total") == 4 * N
+        assert sorts == 1
+        # the coldest cached chunk is read (and so are the others but one): the next
+        # refusal is against the one left cold
+        cached = [i for i in range(N) if rig.cache.has(hot.chunk_key(i))]
+        assert cached == list(range(N - 1))
+        for i in cached[:-1]:
+            rig.clock.advance(1)
+            assert await rig.cache.read(hot.chunk_key(i), 0, 0, touch=True) is not None
+        refused = sample(rig.metrics, "tierfs_cache_refused_chunks_total")
+        rig.clock.advance(1)
+        await rig.cache.fill(scan, scan.chunk_key(0), payload(0))
+        assert sorts == 2
+        assert sample(rig.metrics, "tierfs_cache_refused_chunks_total") == refused + 1
     finally:
         rig.close()

@@ -95,6 +95,14 @@ class ChunkCache:
         self._pending_deletes: set[bytes] = set()
         self._pending_objects: dict[bytes, dict] = {}
         self._full_logged = False
+        # The coldest chunk the last sort of the index found, per scope (None: the whole
+        # cache; a tenant's name: its own chunks at its hard share), with the index
+        # generation it was found in and its last read. A reader's chunk refused against
+        # it is compared with it again, not after a sort of the whole index (a refusal
+        # changes nothing). A chunk added, removed or pinned, dirty bytes, or a read of
+        # that chunk make it stale; reads of other chunks only make them hotter.
+        self._generation = 0
+        self._coldest: dict[str | None, tuple[int, bytes, float]] = {}
         self.tenants = tenants if tenants is not None else TenantMap()
         self._oid_tenant: dict[bytes, str] = {}  # object id -> tenant, objects with chunks here
         self._oid_bytes: dict[bytes, int] = {}  # object id -> bytes of its chunks here
@@ -273,6 +281,7 @@ class ChunkCache:
             reserved = length
             self._reserved += reserved
             tally.reserved += reserved
+            self._generation += 1  # a tenant's share used, hence the soft order, changed
 
             def stored(crcs: tuple[int, ...]) -> None:
                 now = self._clock()
@@ -287,17 +296,20 @@ class ChunkCache:
         finally:
             self._reserved -= reserved
             tally.reserved -= reserved
+            self._generation += bool(reserved)
             self._writing.discard(ckey)
             self._publish()
 
     async def _make_room(self, incoming: int, reader: bytes | None = None,
                          tenant: str = DEFAULT) -> bool:
+        used = self._used + self._reserved + self._dirty
+        if reader is not None and self.evictor.must_evict(used, incoming) and self._refuses(
+                reader, self._known_coldest(None), tenant):
+            await self._keep_budget()
+            return False
         victims, fits = self._victims(incoming)
-        if self._refuses(reader, victims, tenant):
-            # the chunk stays out, but a budget the free-space guard shrank is still kept
-            victims, _ = self._victims(0)
-            for key in victims:
-                await self.drop(key, evicted=True)
+        if self._refuses(reader, self._remember_coldest(None, victims), tenant):
+            await self._keep_budget()
             return False
         for key in victims:
             await self.drop(key, evicted=True)
@@ -307,24 +319,44 @@ class ChunkCache:
             self._full_logged = True
         return fits
 
+    async def _keep_budget(self) -> None:
+        """A refused chunk stays out, but a budget the free-space guard shrank is kept."""
+        if self.evictor.must_evict(self._used + self._reserved + self._dirty, 0):
+            for key in self._victims(0)[0]:
+                await self.drop(key, evicted=True)
+
+    def _known_coldest(self, scope: str | None) -> bytes | None:
+        """The coldest chunk of `scope` the last sort found, if it still is (see __init__)."""
+        known = self._coldest.get(scope)
+        if known is None or known[0] != self._generation:
+            return None
+        rec = self._index.get(known[1])
+        return known[1] if rec is not None and rec.last_access == known[2] else None
+
+    def _remember_coldest(self, scope: str | None, victims: list[bytes]) -> bytes | None:
+        if not victims:
+            return None
+        self._coldest[scope] = (self._generation, victims[0], self._index[victims[0]].last_access)
+        return victims[0]
+
     def _victims(self, incoming: int) -> tuple[list[bytes], bool]:
         return self.evictor.victims(
             self._index, self._used + self._reserved + self._dirty, incoming, self._writing,
             self.pins, over_soft=self._over_soft if self._soft else None, owner=self._owner)
 
-    def _refuses(self, ckey: bytes | None, victims: list[bytes], tenant: str) -> bool:
+    def _refuses(self, ckey: bytes | None, victim: bytes | None, tenant: str) -> bool:
         """Whether the admission policy keeps a reader's chunk `ckey` (of `tenant`) out
-        rather than evict `victims` (coldest first) for it; a refusal is counted and
-        remembered. Other fills (ckey None) are not the policy's, nor a victim of another
-        tenant above its soft share: the operator's shares come before heat."""
-        if ckey is None or not victims:
+        rather than evict `victim` (the coldest of those to go) for it; a refusal is counted
+        and remembered. Other fills (ckey None) are not the policy's, nor a victim of
+        another tenant above its soft share: the operator's shares come before heat."""
+        if ckey is None or victim is None:
             return False
-        owner = self._owner(victims[0])
+        owner = self._owner(victim)
         if owner != tenant and owner in self._soft and self._over_soft(
                 self.evictor.budget(self._used + self._reserved + self._dirty)).get(owner):
             return False
         now = self._clock()
-        if self.admission.admits(ckey, self._index[victims[0]], now):
+        if self.admission.admits(ckey, self._index[victim], now):
             return False
         self.admission.refused(ckey, now)
         self.metrics.cache_refused.inc()
@@ -345,6 +377,7 @@ class ChunkCache:
         return tenant
 
     def _add_chunk(self, ckey: bytes, rec: ChunkRecord, tenant: str) -> None:
+        self._generation += 1
         self._index[ckey] = rec
         self._used += rec.length
         oid = ckey[:16]
@@ -357,6 +390,7 @@ class ChunkCache:
         self._show(tenant)
 
     def _remove_chunk(self, ckey: bytes) -> ChunkRecord | None:
+        self._generation += 1
         rec = self._index.pop(ckey, None)
         if rec is None:
             return None
@@ -376,6 +410,7 @@ class ChunkCache:
         return rec
 
     def _pin_changed(self, oid: bytes, pinned: bool) -> None:
+        self._generation += 1
         n = self._oid_bytes.get(oid)
         if n:
             tenant = self._oid_tenant[oid]
@@ -438,10 +473,13 @@ class ChunkCache:
         if share is None:
             return True
         limit = share.of(self.evictor.budget(self._used + self._reserved + self._dirty))
+        used = self._tally[tenant].share_used
+        if reader is not None and used + incoming > limit and self._refuses(
+                reader, self._known_coldest(tenant), tenant):
+            return False
         victims, _ = self.evictor.own_victims(
-            self._index, tenant, self._owner, self._tally[tenant].share_used, incoming, limit,
-            self._writing, self.pins)
-        if self._refuses(reader, victims, tenant):
+            self._index, tenant, self._owner, used, incoming, limit, self._writing, self.pins)
+        if self._refuses(reader, self._remember_coldest(tenant, victims), tenant):
             return False
         for key in victims:
             await self.drop(key, evicted=True)
@@ -547,6 +585,7 @@ class ChunkCache:
         self._add_dirty(DEFAULT if key is None else self.tenants.of(key), nbytes)
 
     def _add_dirty(self, tenant: str, nbytes: int) -> None:
+        self._generation += 1
         self._dirty += nbytes
         self._tally[tenant].dirty += nbytes
         self._show(tenant)
@@ -556,6 +595,7 @@ class ChunkCache:
         """Dirty bytes uploaded or dropped, of the file `key` (None: the default tenant's).
         A file renamed into another tenant meanwhile releases what its first tenant is
         left with, then the rest from the others: the tenants' sum stays the total."""
+        self._generation += 1
         self._dirty -= nbytes
         first = DEFAULT if key is None else self.tenants.of(key)
         left = nbytes

@@ -42,6 +42,10 @@ class Evictor:
         reserve = int(self.min_free_ratio * st.f_blocks * st.f_frsize)
         return max(0, min(self.cache_size, used + avail - reserve))
 
+    def must_evict(self, used: int, incoming: int) -> bool:
+        """Whether storing `incoming` more bytes would pass the high watermark."""
+        return used + incoming > self.high * self.budget(used)
+
     def coldest(self, index: dict[bytes, ChunkRecord], protected: Iterable[bytes] = (),
                 pinned: Container[bytes] = (), only: Callable[[bytes], bool] | None = None
                 ) -> list[bytes]:
@@ -60,9 +64,9 @@ class Evictor:
 
         `over_soft(budget)`: bytes each tenant is above its soft share (asked only when
         something must go); with `owner`, those tenants' coldest chunks go first."""
-        budget = self.budget(used)
-        if used + incoming <= self.high * budget:
+        if not self.must_evict(used, incoming):
             return [], True
+        budget = self.budget(used)
         target = self.low * budget - incoming
         order = self.coldest(index, protected, pinned)
         out: list[bytes] = []
