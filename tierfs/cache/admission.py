@@ -85,9 +85,6 @@ class History:
     def forget(self, ckey: bytes) -> tuple[float, float] | None:
         return self._seen.pop(ckey, None)
 
-    def __len__(self) -> int:
-        return len(self._seen)
-
 
 class Admission:
     """The policy (module doc). `chunks`: the cache's size in chunks (sizes the history)."""
@@ -96,12 +93,11 @@ class Admission:
         self.half_life = half_life
         self.history = History(half_life, HISTORY_FACTOR * chunks)
 
-    def admits(self, ckey: bytes, victim: ChunkRecord | None, now: float) -> bool:
+    def admits(self, ckey: bytes, victim: ChunkRecord, now: float) -> bool:
         """Whether a chunk fetched for a reader may push out `victim` (the coldest chunk the
-        evictor would drop for it; None: nothing needs to go)."""
-        if victim is None:
-            return True
-        if decayed(victim.heat, victim.last_access, now, self.half_life) < STALE:
+        evictor would drop for it). An unread written chunk (heat 0) goes stale as one read
+        at its write would, and gives way before that to any chunk read before."""
+        if decayed(max(victim.heat, 1.0), victim.last_access, now, self.half_life) < STALE:
             return True
         past = self.history.last(ckey)
         if past is None:
