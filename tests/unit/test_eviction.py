@@ -298,3 +298,25 @@ async def test_refused_fills_do_not_sort_the_index_each_time(tmp_path):
         assert sample(rig.metrics, "tierfs_cache_refused_chunks_total") == refused + 1
     finally:
         rig.close()
+
+
+async def test_an_unread_written_chunk_gives_way_only_to_a_chunk_read_before(tmp_path):
+    # written chunks are stored at heat 0 (heat counts reads): a reader's chunk with no
+    # reads to show is refused their room, one read before gets it (and the oldest go)
+    rig = make_cache(str(tmp_path), cache_size=N * CHUNK, memory_bytes=0)
+    ckpt, data = obj("ckpt", N - 1), obj("data", 1)
+    try:
+        for i in range(N - 1):
+            rig.clock.advance(1)
+            await rig.cache.fill(ckpt, ckpt.chunk_key(i), payload(i), Fill.WRITTEN)
+        rig.clock.advance(1)
+        await rig.cache.fill(data, data.chunk_key(0), payload(99))
+        assert not rig.cache.has(data.chunk_key(0))
+        assert sample(rig.metrics, "tierfs_cache_refused_chunks_total") == 1
+        rig.clock.advance(1)
+        await rig.cache.fill(data, data.chunk_key(0), payload(99))
+        assert rig.cache.has(data.chunk_key(0))
+        gone = [i for i in range(N - 1) if not rig.cache.has(ckpt.chunk_key(i))]
+        assert gone and gone == list(range(len(gone)))  # the oldest written first
+    finally:
+        rig.close()
