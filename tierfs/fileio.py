@@ -68,6 +68,10 @@ class OpenFile:
     read_unsaved: bool = False
     tenant: str = DEFAULT  # of the key at open (tierfs/tenants.py)
     reader: str = "uid:0"  # the opener: job:N, pod:UID or uid:N (tierfs/callers.py)
+    # chunks brought in for this handle (read ahead, or fetched on its own miss): how far
+    # into each it has read. Bytes past that are that fetch's first delivery and count
+    # where it came from; bytes before it are a re-read, and count where they are now.
+    delivered: dict[int, int] = field(default_factory=dict)
 
 
 class FileIO:
@@ -240,14 +244,13 @@ class FileIO:
             if w > longest:
                 longest, delay = w, "queue"
             hit = await self.cache.read(ckey, first, last, touch=first_access)
+            brought = None  # where a fetch for this handle brought the chunk from
             if hit is not None:
                 data, source = hit
                 tier = source
-                # bytes read ahead for this handle count where they really came from
-                if index in h.pattern.fetched:
-                    source = h.pattern.fetched[index]
-                elif index in h.pattern.loaded:
-                    source = "disk"
+                brought = h.pattern.fetched.get(index)
+                if brought is None and index in h.pattern.loaded:
+                    brought = "disk"
                 skip = first * bs
                 pieces.append(memoryview(data)[lo - skip:hi - skip])
             else:
@@ -260,14 +263,29 @@ class FileIO:
                     # fetcher's backpressure (the queue)
                     longest, delay = w, source if source in ("backend", "peer") else "queue"
                 tier = source
+                if source in ("backend", "peer"):
+                    h.pattern.fetched[index] = source
+                    h.delivered[index] = hi
                 pieces.append(memoryview(data)[lo:hi])
-            # access analytics per prefix and job (tierfs/analytics.py): dict updates only
-            self.ns.analytics.read(obj.key, obj.etag, obj.size, ckey, source, hi - lo,
-                                   index not in h.touched, h.reader)
+            # bytes of a chunk brought in for this handle that it had not read yet count
+            # where the fetch brought them from; a re-read counts where it is served from
+            new = 0
+            if brought is not None:
+                done = h.delivered.get(index, 0)
+                new = max(0, hi - max(lo, done))
+                h.delivered[index] = max(done, hi)
+            access = index not in h.touched
             h.touched.add(index)
-            self._read_bytes[source].inc(hi - lo)
-            if usage is not None:
-                usage.read(h.tenant, h.reader, source, hi - lo)
+            for src, n in ((brought, new), (source, hi - lo - new)):
+                if n:
+                    # access analytics per prefix and job (tierfs/analytics.py): dict
+                    # updates only
+                    self.ns.analytics.read(obj.key, obj.etag, obj.size, ckey, src, n, access,
+                                           h.reader)
+                    access = False
+                    self._read_bytes[src].inc(n)
+                    if usage is not None:
+                        usage.read(h.tenant, h.reader, src, n)
             if _RANK[tier] > _RANK[served]:
                 served = tier
         h.served = True

@@ -42,9 +42,10 @@ class ReadPattern:
     window: int = 0  # chunks to keep ahead; 0 = not sequential
     streak: int = 0  # reads in a row that continued the one before
     ahead_to: int = 0  # first chunk index not yet requested
-    # chunks read ahead from the backend for this handle: their fill already counted as
-    # this handle's access, or an unread read-ahead chunk would be colder than a read one
-    # read ahead from the backend or a peer: chunk index -> "backend" | "peer"
+    # chunks fetched for this handle from the backend or a peer (read ahead, or on its own
+    # miss: fileio.py): chunk index -> "backend" | "peer". Their fill already counted as
+    # this handle's access (or an unread read-ahead chunk would be colder than a read one);
+    # the handle's first reads of their bytes count as that source (OpenFile.delivered)
     fetched: dict[int, str] = field(default_factory=dict)
     loaded: set[int] = field(default_factory=set)  # read ahead from the disk tier
 

@@ -207,6 +207,32 @@ async def test_second_read_comes_from_the_cache(tmp_path):
         assert sample(c.metrics, "tierfs_read_bytes_total", {"source": "memory"}) == 1000
 
 
+async def test_a_chunk_fetched_on_a_miss_counts_from_the_store_until_read_again(tmp_path):
+    # a handle reading a cold chunk in pieces: the miss fetches the whole chunk, and the
+    # pieces after the first are the same fetch's bytes (not memory hits, which would make
+    # a cold file look cached); what the handle reads again counts as the memory tier's
+    data = os.urandom(CS)
+    q = CS // 4
+
+    def read_bytes(source: str) -> float:
+        return sample(c.metrics, "tierfs_read_bytes_total", {"source": source})
+    async with core(str(tmp_path)) as c:
+        write(c.src, "pieces", data)
+        h, _ = await c.io.open((await resolve(c.ns, "pieces")).ino)
+        for off in (0, q):
+            assert await c.io.read(h.fh, off, q) == data[off:off + q]
+        assert (read_bytes("backend"), read_bytes("memory")) == (2 * q, 0)
+        # half of it read before, half not: split between the two
+        assert await c.io.read(h.fh, q, 2 * q) == data[q:3 * q]
+        assert (read_bytes("backend"), read_bytes("memory")) == (3 * q, q)
+        assert await c.io.read(h.fh, 3 * q, q) == data[3 * q:]
+        assert await c.io.read(h.fh, 0, CS) == data  # all of it again
+        assert (read_bytes("backend"), read_bytes("memory")) == (CS, CS + q)
+        assert c.core.analytics.totals.read == {"backend": CS, "memory": CS + q}
+        assert c.gets() == 1
+        await c.io.release(h.fh)
+
+
 async def test_concurrent_reads_of_a_cold_chunk_make_one_get(tmp_path):
     data = os.urandom(CS)  # exactly one chunk: no read-ahead to muddy the count
     async with core(str(tmp_path)) as c:
