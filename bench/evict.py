@@ -293,8 +293,9 @@ def replay_tierfs(trace: Trace, shape: Shape) -> Replay:
         # (a reader's chunk only; against the coldest chunk the last sort found while it
         # still is, as ChunkCache does), evictions, then stored() at the entry heat
         kind = Fill.WRITTEN if write else Fill.READ
-        if not write and evictor.must_evict(used, length) and coldest[0] == generation \
+        if not write and coldest[0] == generation \
                 and index[coldest[1]].last_access == coldest[2] \
+                and evictor.must_evict(used, length) \
                 and not admission.admits(key, index[coldest[1]], now):
             admission.refused(key, now)
             continue

@@ -302,9 +302,10 @@ class ChunkCache:
 
     async def _make_room(self, incoming: int, reader: bytes | None = None,
                          tenant: str = DEFAULT) -> bool:
-        used = self._used + self._reserved + self._dirty
-        if reader is not None and self.evictor.must_evict(used, incoming) and self._refuses(
-                reader, self._known_coldest(None), tenant):
+        known = self._known_coldest(None) if reader is not None else None
+        if known is not None and self.evictor.must_evict(
+                self._used + self._reserved + self._dirty, incoming) and self._refuses(
+                reader, known, tenant):
             await self._keep_budget()
             return False
         victims, fits = self._victims(incoming)

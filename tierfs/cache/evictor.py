@@ -64,9 +64,9 @@ class Evictor:
 
         `over_soft(budget)`: bytes each tenant is above its soft share (asked only when
         something must go); with `owner`, those tenants' coldest chunks go first."""
-        if not self.must_evict(used, incoming):
+        budget = self.budget(used)  # one statvfs
+        if used + incoming <= self.high * budget:
             return [], True
-        budget = self.budget(used)
         target = self.low * budget - incoming
         order = self.coldest(index, protected, pinned)
         out: list[bytes] = []

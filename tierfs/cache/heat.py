@@ -5,9 +5,9 @@ decayed heat at any instant is the same as ordering by log2(heat) + last_access/
 a value that does not change with time: eviction sorts on it without recomputing decay.
 
 Heat counts reads. A record with heat below 1, a chunk stored without being read (written
-data could be; ChunkCache indexes every fill at heat 1 today), ranks as heat 1 at its store
-time: it is kept as long as data just read, and its first read makes it heat 1, not 2 (a
-checkpoint restored once is not a working set: bench/README.md, "Eviction quality").
+data, stored at heat 0: admission.py), ranks as heat 1 at its store time: it is kept as
+long as data just read, and its first read makes it heat 1, not 2 (a checkpoint restored
+once is not a working set: bench/README.md, "Eviction quality").
 """
 
 from __future__ import annotations
