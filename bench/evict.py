@@ -11,7 +11,9 @@ miss, or a write of a new chunk, is a fill, which first asks the evictor for roo
 from a statvfs stub with plenty of free space, so the budget is the cache size; the
 high/low watermarks); a reader's chunk that would evict is then put to the admission
 policy (refused: not cached, its read remembered); a stored chunk is indexed at its entry
-heat (a write at 0). An injected clock advances by fill_time / cache chunks per access.
+heat (a write at 0). A write first reserves room for its unsaved staging copy
+(`reserve_dirty`), released when its object's writes end (the file is uploaded), as the
+write path does. An injected clock advances by fill_time / cache chunks per access.
 Prints each trace's read hit ratio beside plain LRU and offline OPT with the same capacity, and
 whether tierfs reaches the issue's goal (>= 0.9x OPT, never below LRU).
 
@@ -276,8 +278,21 @@ def replay_tierfs(trace: Trace, shape: Shape) -> Replay:
     generation, coldest = 0, (-1, b"", 0.0)  # ChunkCache._generation and ._coldest
     pinned = {object_chunk(n * OBJECT_CHUNKS, length)[0].oid
               for n in range(shape.pinned_objects)}
+    dirty, writing = 0, None  # unsaved bytes, and the object whose writes hold them
+
+    def drop(victims: list[bytes], used: int, generation: int) -> tuple[int, int]:
+        for victim in victims:
+            rec = index.pop(victim)
+            admission.evicted(victim, rec)
+            used -= rec.length
+            generation += 1
+        return used, generation
+
     for i, (cid, write) in enumerate(zip(trace.chunks, trace.writes)):
         now = START + i * shape.step
+        if writing is not None and not (write and cid // OBJECT_CHUNKS == writing):
+            dirty, writing = 0, None  # the file is closed and uploaded: release_dirty
+            generation += 1
         key = keys.get(cid)
         if key is None:
             obj, n = object_chunk(cid, length)
@@ -289,27 +304,30 @@ def replay_tierfs(trace: Trace, shape: Shape) -> Replay:
             rec.heat = touched(rec.heat, rec.last_access, now, shape.half_life)
             rec.last_access = now
             continue
+        if write:  # writeback._materialize -> ChunkCache.reserve_dirty: its staging copy
+            victims, fits = evictor.victims(index, used + dirty, length, (), pinned)
+            used, generation = drop(victims, used, generation)
+            if fits:
+                dirty += length
+                writing = cid // OBJECT_CHUNKS
+                generation += 1
         # ChunkCache.filling -> _make_room (nothing being written): the admission policy
         # (a reader's chunk only; against the coldest chunk the last sort found while it
         # still is, as ChunkCache does), evictions, then stored() at the entry heat
         kind = Fill.WRITTEN if write else Fill.READ
         if not write and coldest[0] == generation \
                 and index[coldest[1]].last_access == coldest[2] \
-                and evictor.must_evict(used, length) \
+                and evictor.must_evict(used + dirty, length) \
                 and not admission.admits(key, index[coldest[1]], now):
             admission.refused(key, now)
             continue
-        victims, fits = evictor.victims(index, used, length, (), pinned)
+        victims, fits = evictor.victims(index, used + dirty, length, (), pinned)
         if victims:
             coldest = (generation, victims[0], index[victims[0]].last_access)
         if not write and victims and not admission.admits(key, index[victims[0]], now):
             admission.refused(key, now)
             continue
-        for victim in victims:
-            rec = index.pop(victim)
-            admission.evicted(victim, rec)
-            used -= rec.length
-            generation += 1
+        used, generation = drop(victims, used, generation)
         if fits:
             index[key] = ChunkRecord(length, admission.entry_heat(key, kind, now), now, ())
             used += length

@@ -78,15 +78,19 @@ def test_a_chunk_not_read_yet_ranks_as_read_once_and_its_first_read_makes_heat_1
     assert touched(0.0, 100.0, 200.0, hl) == 1.0
 
 
-def test_every_restored_checkpoint_is_a_hit_at_the_default_clock():
-    """Every restore of the last checkpoint hits (LRU's and OPT's 100%): written chunks
-    enter at heat 0 but rank as read once when written, so the data set's chunks, which
-    the admission policy keeps out unless read again, do not outrank it before its
-    restore (at 20 s per cache of reads they do: bench/README.md)."""
+def test_restored_checkpoints_mostly_hit_at_the_default_clock():
+    """Restores of the last checkpoint hit (LRU's and OPT's 100%): written chunks enter at
+    heat 0 but rank as read once when written, so the data set's chunks, which the
+    admission policy keeps out unless read again, do not outrank them before their
+    restore. Not all: a checkpoint's unsaved staging copy takes room too while it is
+    written, and its own first chunks are among the coldest then (bench/README.md; at
+    C = 1000, 1781 of 1800 restored chunks hit). At 20 s per cache of reads the data set
+    outranks it."""
     t = evict.make_trace("checkpoints", 100, seed=15)
     restores = [i for i, c in enumerate(t.chunks) if c >= 200 and not t.writes[i]]
     replay = evict.replay_tierfs(t, evict.Shape(100))
-    assert restores and all(replay.hit[i] for i in restores)
+    hits = sum(replay.hit[i] for i in restores)
+    assert restores and hits >= 0.9 * len(restores)
 
 
 def test_admission_keeps_a_loop_where_lru_keeps_nothing():
@@ -129,9 +133,9 @@ def test_bad_options_are_one_line(capsys, argv):
 
 @pytest.mark.parametrize("name", ["checkpoints", "hot+scans", "epochs-shuffled", "zipf"])
 async def test_replay_is_what_chunk_cache_does(tmp_path, name):
-    """The same trace through the real ChunkCache (read with touch, fill on a miss or a
-    write, admission and all) hits on the same accesses and ends with the same chunks
-    cached."""
+    """The same trace through the real ChunkCache (read with touch, fill on a miss; a
+    write reserves its unsaved bytes, fills, and releases them when its object is done;
+    admission and all) hits on the same accesses and ends with the same chunks cached."""
     shape = evict.Shape(40, chunk_bytes=4096, fill_time=60.0)
     trace = evict.make_trace(name, shape.chunks, seed=5)
     bench = evict.replay_tierfs(trace, shape)
@@ -144,13 +148,20 @@ async def test_replay_is_what_chunk_cache_does(tmp_path, name):
     def key_of(cid: int) -> bytes:
         obj, index = evict.object_chunk(cid, shape.chunk_bytes)
         return obj.chunk_key(index)
+    writing, dirty = None, 0  # the object being written (a file), its unsaved bytes
     try:
         for i, (cid, write) in enumerate(zip(trace.chunks, trace.writes)):
             clock.now = evict.START + i * shape.step
             obj, _ = evict.object_chunk(cid, shape.chunk_bytes)
+            if writing is not None and not (write and obj.key == writing):
+                rig.cache.release_dirty(dirty, key=writing)  # closed and uploaded
+                writing, dirty = None, 0
             key = key_of(cid)
             got = None if write else await rig.cache.read(key, 0, 0, touch=True)
             hits.append(got is not None)
+            if write:  # as the write path does: the staging copy first, then the part's fill
+                assert await rig.cache.reserve_dirty(shape.chunk_bytes, 10, key=obj.key)
+                writing, dirty = obj.key, dirty + shape.chunk_bytes
             if got is None:
                 await rig.cache.fill(obj, key, data, Fill.WRITTEN if write else Fill.READ)
         # the policy decided something: evictions, refusals or both
