@@ -11,7 +11,8 @@ miss, or a write of a new chunk, is a fill, which first asks the evictor for roo
 from a statvfs stub with plenty of free space, so the budget is the cache size; the
 high/low watermarks); a reader's chunk that would evict is then put to the admission
 policy (refused: not cached, its read remembered); a stored chunk is indexed at its entry
-heat (a write at 0). A write first reserves room for its unsaved staging copy
+heat (a write at 0), the heat's half-life following the read rate (heat.HalfLife) as
+ChunkCache's does. A write first reserves room for its unsaved staging copy
 (`reserve_dirty`), released when its object's writes end (the file is uploaded), as the
 write path does. An injected clock advances by fill_time / cache chunks per access.
 Prints each trace's read hit ratio beside plain LRU and offline OPT with the same capacity, and
@@ -40,7 +41,7 @@ from typing import Callable, Iterator, NoReturn
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from tierfs.cache.admission import Admission, Fill  # noqa: E402
 from tierfs.cache.evictor import Evictor  # noqa: E402
-from tierfs.cache.heat import touched  # noqa: E402
+from tierfs.cache.heat import PER_CACHE, HalfLife, touched  # noqa: E402
 from tierfs.cache.keys import ObjectVersion  # noqa: E402
 from tierfs.config import MountConfig  # noqa: E402
 from tierfs.meta import ChunkRecord  # noqa: E402
@@ -279,6 +280,14 @@ def replay_tierfs(trace: Trace, shape: Shape) -> Replay:
     pinned = {object_chunk(n * OBJECT_CHUNKS, length)[0].oid
               for n in range(shape.pinned_objects)}
     dirty, writing = 0, None  # unsaved bytes, and the object whose writes hold them
+    clock = HalfLife(shape.half_life, admission.chunks)  # ChunkCache.half_life
+
+    def accessed(now: float, generation: int) -> int:  # ChunkCache._accessed
+        if clock.accessed(now):
+            evictor.half_life = clock.value
+            admission.set_half_life(clock.value)
+            generation += 1
+        return generation
 
     def drop(victims: list[bytes], used: int, generation: int) -> tuple[int, int]:
         for victim in victims:
@@ -301,8 +310,9 @@ def replay_tierfs(trace: Trace, shape: Shape) -> Replay:
         rec = None if write else index.get(key)
         out.access(write, rec is not None)
         if rec is not None:  # ChunkCache.read(touch=True) -> touch()
-            rec.heat = touched(rec.heat, rec.last_access, now, shape.half_life)
+            rec.heat = touched(rec.heat, rec.last_access, now, evictor.half_life)
             rec.last_access = now
+            generation = accessed(now, generation)
             continue
         if write:  # writeback._materialize -> ChunkCache.reserve_dirty: its staging copy
             victims, fits = evictor.victims(index, used + dirty, length, (), pinned)
@@ -311,6 +321,7 @@ def replay_tierfs(trace: Trace, shape: Shape) -> Replay:
                 dirty += length
                 writing = cid // OBJECT_CHUNKS
                 generation += 1
+        generation = accessed(now, generation)  # ChunkCache.filling
         # ChunkCache.filling -> _make_room (nothing being written): the admission policy
         # (a reader's chunk only; against the coldest chunk the last sort found while it
         # still is, as ChunkCache does), evictions, then stored() at the entry heat
@@ -492,7 +503,8 @@ def main(argv: list[str] | None = None) -> int:
             notes.append(f"tierfs with chunks 0-{shape.pinned_objects * OBJECT_CHUNKS - 1} "
                          "pinned")
         print(f"\neviction quality, read hit ratio: cache {shape.chunks} chunks, one cache of "
-              f"reads every {fill_time:g} s (heat half-life {shape.half_life:g} s), "
+              f"reads every {fill_time:g} s (heat half-life {shape.half_life:g} s, or {PER_CACHE:g} "
+              "x the time a cache of reads takes if longer), "
               f"watermarks {shape.high}/{shape.low}; " + "; ".join(notes))
         print(f"LRU and OPT hold {shape.capacity} chunks (tierfs's most); LRU, watermarks: "
               f"evicts down to {shape.keep} as tierfs; goal >= {GOAL}x OPT and >= LRU")

@@ -26,7 +26,7 @@ import stat
 import sys
 import tomllib
 from dataclasses import dataclass
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 from typing import Annotated, Any, Callable, Literal
 from urllib.parse import urlsplit
 
@@ -543,9 +543,10 @@ class MountConfig(BaseModel):
         0.95, "float", ">0 - 1, above evict_low", "eviction starts at this share of the budget")
     evict_low: _ratio_type(0.0, 1.0, lo_open=True) = _field(
         0.90, "float", ">0 - <evict_high", "eviction stops at this share of the budget")
-    # heat halves after this long without access; sets how long "hot" is remembered
+    # heat halves after this long without access (at least: cache/heat.py, HalfLife)
     heat_half_life: _duration_type(lo_open=True) = _field(
-        1800.0, "duration", ">0 - 365d", "how long \"hot\" is remembered by eviction")
+        1800.0, "duration", ">0 - 365d",
+        "how long \"hot\" is remembered by eviction (longer on a node slow to read its cache)")
     readahead_chunks: _int_type(1, 64) = _field(
         8, "int", "1 - 64", "chunks fetched ahead of a sequential reader")
     backend_concurrency: _int_type(1, 256) = _field(

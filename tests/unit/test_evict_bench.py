@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from tierfs.cache import Fill
-from tierfs.cache.heat import eviction_order, touched
+from tierfs.cache.heat import PER_CACHE, eviction_order, touched
 from unitkit import FakeClock, make_cache, sample
 
 # loaded by path: putting bench/ on sys.path would let its run.py, write.py... shadow names
@@ -131,12 +131,13 @@ def test_bad_options_are_one_line(capsys, argv):
     assert err.count("\n") == 1 and err.startswith("evict.py: error: ")
 
 
+@pytest.mark.parametrize("fill_time", [60.0, 8192.0])  # 8192: the half-life follows the reads
 @pytest.mark.parametrize("name", ["checkpoints", "hot+scans", "epochs-shuffled", "zipf"])
-async def test_replay_is_what_chunk_cache_does(tmp_path, name):
+async def test_replay_is_what_chunk_cache_does(tmp_path, name, fill_time):
     """The same trace through the real ChunkCache (read with touch, fill on a miss; a
     write reserves its unsaved bytes, fills, and releases them when its object is done;
     admission and all) hits on the same accesses and ends with the same chunks cached."""
-    shape = evict.Shape(40, chunk_bytes=4096, fill_time=60.0)
+    shape = evict.Shape(40, chunk_bytes=4096, fill_time=fill_time)
     trace = evict.make_trace(name, shape.chunks, seed=5)
     bench = evict.replay_tierfs(trace, shape)
     clock = FakeClock(evict.START)
@@ -169,5 +170,10 @@ async def test_replay_is_what_chunk_cache_does(tmp_path, name):
                 + sample(rig.metrics, "tierfs_cache_refused_chunks_total")) > 0
         assert bench.hits > 0 and hits == bench.hit
         assert {cid for cid in set(trace.chunks) if rig.cache.has(key_of(cid))} == bench.cached
+        in_use = sample(rig.metrics, "tierfs_cache_heat_half_life_seconds")
+        cache = rig.cache
+        assert in_use == cache.half_life.value == cache.evictor.half_life \
+            == cache.admission.half_life == cache.admission.history.half_life
+        assert (in_use > shape.half_life) == (PER_CACHE * fill_time > shape.half_life)
     finally:
         rig.close()

@@ -36,7 +36,7 @@ from ..tenants import DEFAULT, TenantMap
 from .admission import Admission, Fill
 from .disk import REUSE_MIN, DiskTier
 from .evictor import Evictor
-from .heat import touched
+from .heat import HalfLife, touched
 from .keys import ObjectVersion, chunk_name
 from .memory import WHOLE, MemoryTier
 from .pins import Pins
@@ -83,6 +83,9 @@ class ChunkCache:
         self.evictor = evictor
         self.admission = admission
         self.metrics = metrics
+        # the heat clock evictor and admission share; longer on a node slow to read its cache
+        self.half_life = HalfLife(evictor.half_life, admission.chunks)
+        metrics.heat_half_life.set(evictor.half_life)
         self.block_size = disk.block_size
         self._clock = clock
         self._index: dict[bytes, ChunkRecord] = {}
@@ -170,12 +173,23 @@ class ChunkCache:
         return blocks[0] if len(blocks) == 1 else b"".join(blocks)
 
     def touch(self, ckey: bytes) -> None:
+        """A reader's access to a chunk (once per handle per chunk): its heat, if cached."""
+        now = self._clock()
         rec = self._index.get(ckey)
         if rec is not None:
-            now = self._clock()
             rec.heat = touched(rec.heat, rec.last_access, now, self.evictor.half_life)
             rec.last_access = now
             self._pending_puts[ckey] = rec
+        self._accessed(now)
+
+    def _accessed(self, now: float) -> None:
+        """Count a chunk access (a touch or a fill) on the heat clock (heat.HalfLife)."""
+        if self.half_life.accessed(now):
+            value = self.half_life.value
+            self.evictor.half_life = value
+            self.admission.set_half_life(value)
+            self._generation += 1  # the order of the index changed
+            self.metrics.heat_half_life.set(value)
 
     def has(self, ckey: bytes) -> bool:
         return ckey in self._index
@@ -265,6 +279,7 @@ class ChunkCache:
         if ckey in self._index or ckey in self._writing:
             yield None
             return
+        self._accessed(self._clock())
         self._writing.add(ckey)
         tenant = self._oid_tenant.get(ckey[:16]) or self.tenants.of(obj.key)
         tally = self._tally[tenant]

@@ -91,7 +91,12 @@ class Admission:
 
     def __init__(self, half_life: float, chunks: int) -> None:
         self.half_life = half_life
+        self.chunks = chunks
         self.history = History(half_life, HISTORY_FACTOR * chunks)
+
+    def set_half_life(self, half_life: float) -> None:
+        """The heat half-life in use changed (heat.HalfLife)."""
+        self.half_life = self.history.half_life = half_life
 
     def admits(self, ckey: bytes, victim: ChunkRecord, now: float) -> bool:
         """Whether a chunk fetched for a reader may push out `victim` (the coldest chunk the
