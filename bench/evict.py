@@ -329,13 +329,14 @@ def replay_tierfs(trace: Trace, shape: Shape) -> Replay:
         if not write and coldest[0] == generation \
                 and index[coldest[1]].last_access == coldest[2] \
                 and evictor.must_evict(used + dirty, length) \
-                and not admission.admits(key, index[coldest[1]], now):
+                and not admission.admits(key, length, index[coldest[1]], now):
             admission.refused(key, now)
             continue
         victims, fits = evictor.victims(index, used + dirty, length, (), pinned)
         if victims:
             coldest = (generation, victims[0], index[victims[0]].last_access)
-        if not write and victims and not admission.admits(key, index[victims[0]], now):
+        if not write and victims \
+                and not admission.admits(key, length, index[victims[0]], now):
             admission.refused(key, now)
             continue
         used, generation = drop(victims, used, generation)
@@ -503,9 +504,9 @@ def main(argv: list[str] | None = None) -> int:
             notes.append(f"tierfs with chunks 0-{shape.pinned_objects * OBJECT_CHUNKS - 1} "
                          "pinned")
         print(f"\neviction quality, read hit ratio: cache {shape.chunks} chunks, one cache of "
-              f"reads every {fill_time:g} s (heat half-life {shape.half_life:g} s, or {PER_CACHE:g} "
-              "x the time a cache of reads takes if longer), "
-              f"watermarks {shape.high}/{shape.low}; " + "; ".join(notes))
+              f"reads every {fill_time:g} s (heat half-life {shape.half_life:g} s, or "
+              f"{PER_CACHE:g} x the time a cache of reads takes if longer), watermarks"
+              f" {shape.high}/{shape.low}; " + "; ".join(notes))
         print(f"LRU and OPT hold {shape.capacity} chunks (tierfs's most); LRU, watermarks: "
               f"evicts down to {shape.keep} as tierfs; goal >= {GOAL}x OPT and >= LRU")
         for text in table(rows):

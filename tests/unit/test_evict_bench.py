@@ -71,10 +71,10 @@ def test_lru_with_watermarks_evicts_down_to_keep():
 
 def test_a_chunk_not_read_yet_ranks_as_read_once_and_its_first_read_makes_heat_1():
     # written chunks are stored at heat 0 (admission.entry_heat): heat counts reads only
-    hl = 1800.0
-    assert eviction_order(0.0, 100.0, hl) == eviction_order(1.0, 100.0, hl)
-    assert eviction_order(1.0, 50.0, hl) < eviction_order(0.0, 100.0, hl) < eviction_order(
-        2.0, 100.0, hl)
+    hl, size = 1800.0, 8 << 20
+    assert eviction_order(0.0, 100.0, hl, size) == eviction_order(1.0, 100.0, hl, size)
+    assert eviction_order(1.0, 50.0, hl, size) < eviction_order(0.0, 100.0, hl, size) \
+        < eviction_order(2.0, 100.0, hl, size)
     assert touched(0.0, 100.0, 200.0, hl) == 1.0
 
 

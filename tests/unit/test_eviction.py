@@ -320,3 +320,26 @@ async def test_an_unread_written_chunk_gives_way_only_to_a_chunk_read_before(tmp
         assert gone and gone == list(range(len(gone)))  # the oldest written first
     finally:
         rig.close()
+
+
+async def test_a_small_file_outlasts_big_chunks_read_as_often(tmp_path):
+    """heat.value: a miss costs a GET's first-byte latency whatever the chunk's size, so
+    per byte of room a small file is worth more: filled (read once) as early as a big chunk
+    that goes, it stays while a cache's worth of later big chunks passes through."""
+    rig = make_cache(str(tmp_path), cache_size=N * CHUNK)
+    labels = [ObjectVersion("bucket", f"labels/{i}", "etag", 256) for i in range(4)]
+    early = obj("early", 4)
+    later = obj("later", 3 * N)
+    try:
+        for i, label in enumerate(labels):
+            rig.clock.advance(1)
+            await rig.cache.fill(label, label.chunk_key(0), payload(i)[:256], Fill.WARM)
+            await rig.cache.fill(early, early.chunk_key(i), payload(i), Fill.WARM)
+        for i in range(3 * N):
+            rig.clock.advance(1)
+            await rig.cache.fill(later, later.chunk_key(i), payload(i), Fill.WARM)
+        assert sample(rig.metrics, "tierfs_cache_evictions_total") > 4
+        assert all(rig.cache.has(label.chunk_key(0)) for label in labels)
+        assert not any(rig.cache.has(early.chunk_key(i)) for i in range(4))
+    finally:
+        rig.close()

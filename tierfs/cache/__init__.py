@@ -320,11 +320,11 @@ class ChunkCache:
         known = self._known_coldest(None) if reader is not None else None
         if known is not None and self.evictor.must_evict(
                 self._used + self._reserved + self._dirty, incoming) and self._refuses(
-                reader, known, tenant):
+                reader, incoming, known, tenant):
             await self._keep_budget()
             return False
         victims, fits = self._victims(incoming)
-        if self._refuses(reader, self._remember_coldest(None, victims), tenant):
+        if self._refuses(reader, incoming, self._remember_coldest(None, victims), tenant):
             await self._keep_budget()
             return False
         for key in victims:
@@ -360,11 +360,13 @@ class ChunkCache:
             self._index, self._used + self._reserved + self._dirty, incoming, self._writing,
             self.pins, over_soft=self._over_soft if self._soft else None, owner=self._owner)
 
-    def _refuses(self, ckey: bytes | None, victim: bytes | None, tenant: str) -> bool:
-        """Whether the admission policy keeps a reader's chunk `ckey` (of `tenant`) out
-        rather than evict `victim` (the coldest of those to go) for it; a refusal is counted
-        and remembered. Other fills (ckey None) are not the policy's, nor a victim of
-        another tenant above its soft share: the operator's shares come before heat."""
+    def _refuses(self, ckey: bytes | None, length: int, victim: bytes | None,
+                 tenant: str) -> bool:
+        """Whether the admission policy keeps a reader's chunk `ckey` (`length` bytes, of
+        `tenant`) out rather than evict `victim` (the coldest of those to go) for it; a
+        refusal is counted and remembered. Other fills (ckey None) are not the policy's, nor
+        a victim of another tenant above its soft share: the operator's shares come before
+        heat."""
         if ckey is None or victim is None:
             return False
         owner = self._owner(victim)
@@ -372,7 +374,7 @@ class ChunkCache:
                 self.evictor.budget(self._used + self._reserved + self._dirty)).get(owner):
             return False
         now = self._clock()
-        if self.admission.admits(ckey, self._index[victim], now):
+        if self.admission.admits(ckey, length, self._index[victim], now):
             return False
         self.admission.refused(ckey, now)
         self.metrics.cache_refused.inc()
@@ -491,11 +493,11 @@ class ChunkCache:
         limit = share.of(self.evictor.budget(self._used + self._reserved + self._dirty))
         used = self._tally[tenant].share_used
         if reader is not None and used + incoming > limit and self._refuses(
-                reader, self._known_coldest(tenant), tenant):
+                reader, incoming, self._known_coldest(tenant), tenant):
             return False
         victims, _ = self.evictor.own_victims(
             self._index, tenant, self._owner, used, incoming, limit, self._writing, self.pins)
-        if self._refuses(reader, self._remember_coldest(tenant, victims), tenant):
+        if self._refuses(reader, incoming, self._remember_coldest(tenant, victims), tenant):
             return False
         for key in victims:
             await self.drop(key, evicted=True)

@@ -41,7 +41,7 @@ import enum
 from collections import OrderedDict
 
 from ..meta import ChunkRecord
-from .heat import decayed
+from .heat import decayed, value
 
 STALE = 1 / 1024  # a victim's decayed heat below this yields to any chunk
 # chunks read equally often must not displace each other on timing: bench/evict.py,
@@ -98,10 +98,12 @@ class Admission:
         """The heat half-life in use changed (heat.HalfLife)."""
         self.half_life = self.history.half_life = half_life
 
-    def admits(self, ckey: bytes, victim: ChunkRecord, now: float) -> bool:
-        """Whether a chunk fetched for a reader may push out `victim` (the coldest chunk the
-        evictor would drop for it). An unread written chunk (heat 0) goes stale as one read
-        at its write would, and gives way before that to any chunk read before."""
+    def admits(self, ckey: bytes, length: int, victim: ChunkRecord, now: float) -> bool:
+        """Whether a chunk of `length` bytes fetched for a reader may push out `victim` (the
+        coldest chunk the evictor would drop for it). Heats are weighed by what a miss costs
+        per byte (heat.value): the same for chunks of one size. An unread written chunk
+        (heat 0) goes stale as one read at its write would, and gives way before that to
+        any chunk read before."""
         if decayed(max(victim.heat, 1.0), victim.last_access, now, self.half_life) < STALE:
             return True
         past = self.history.last(ckey)
@@ -110,7 +112,8 @@ class Admission:
         heat, at = past
         lag = (at - victim.last_access) / self.half_life
         counted = max(0.0, abs(lag) - LAG_IGNORED)
-        return heat * 2.0 ** (counted if lag > 0 else -counted) > MARGIN * victim.heat
+        return value(heat, length) * 2.0 ** (counted if lag > 0 else -counted) > \
+            MARGIN * value(victim.heat, victim.length)
 
     def refused(self, ckey: bytes, now: float) -> None:
         """A chunk served from memory only: its read is history."""

@@ -2,9 +2,10 @@
 
 The budget is the smaller of --cache-size and what the free-space guard allows (the cache
 filesystem keeps min_free_ratio of its size free, whoever else fills it). When usage
-would pass high * budget, the coldest chunks by decayed heat go until usage is at
-low * budget. Chunks in `protected` (being written) and chunks of objects in `pinned`
-(object ids: `tierfs warm --pin`, a warm in progress) never go.
+would pass high * budget, the coldest chunks go until usage is at low * budget. Coldest:
+the lowest decayed value (heat.py: heat times what a miss costs per byte, so a small file
+stays before a big chunk read as often). Chunks in `protected` (being written) and chunks
+of objects in `pinned` (object ids: `tierfs warm --pin`, a warm in progress) never go.
 
 Tenants (docs/tenants.md, "Quotas"): the caller says which tenant owns a chunk and how far
 each tenant is above its soft share; those tenants' coldest chunks go first, each tenant
@@ -53,7 +54,7 @@ class Evictor:
         keep = set(protected)
         hl = self.half_life
         return [k for _, k in sorted(
-            (eviction_order(r.heat, r.last_access, hl), k) for k, r in index.items()
+            (eviction_order(r.heat, r.last_access, hl, r.length), k) for k, r in index.items()
             if k not in keep and k[:16] not in pinned and (only is None or only(k)))]
 
     def victims(self, index: dict[bytes, ChunkRecord], used: int, incoming: int,

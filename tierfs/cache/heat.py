@@ -8,11 +8,20 @@ Heat counts reads. A record with heat below 1, a chunk stored without being read
 data, stored at heat 0: admission.py), ranks as heat 1 at its store time: it is kept as
 long as data just read, and its first read makes it heat 1, not 2 (a checkpoint restored
 once is not a working set: bench/README.md, "Eviction quality").
+
+What a chunk is worth keeping is its heat times what a miss on it costs per byte of cache it
+holds (`value`, GreedyDual-Size-Frequency's idea): a GET pays a first-byte latency whatever
+its size, so a 10 KiB label file costs nearly as much to fetch again as an 8 MiB chunk while
+holding 1/800 of the room. Eviction and admission compare values; with chunks of one size
+that is comparing heats.
 """
 
 from __future__ import annotations
 
 import math
+
+# the bytes a GET's first-byte latency is worth: ~20-30 ms at ~100 MB/s per stream (S3, RGW)
+MISS_OVERHEAD = 2 << 20
 
 
 def decayed(heat: float, last_access: float, now: float, half_life: float) -> float:
@@ -23,9 +32,22 @@ def touched(heat: float, last_access: float, now: float, half_life: float) -> fl
     return decayed(heat, last_access, now, half_life) + 1.0
 
 
-def eviction_order(heat: float, last_access: float, half_life: float) -> float:
-    """Smaller is colder. Time-invariant (see module doc); heat below 1 ranks as 1."""
-    return math.log2(max(heat, 1.0)) + last_access / half_life
+def miss_cost(length: int) -> float:
+    """What a miss on a chunk of `length` bytes costs per byte of it, in bytes' worth of
+    transfer: (MISS_OVERHEAD + length) / length."""
+    length = max(1, length)
+    return (MISS_OVERHEAD + length) / length
+
+
+def value(heat: float, length: int) -> float:
+    """What keeping a chunk is worth, per byte (module doc)."""
+    return heat * miss_cost(length)
+
+
+def eviction_order(heat: float, last_access: float, half_life: float, length: int) -> float:
+    """Smaller goes first: the decayed value, time-invariant (module doc); heat below 1
+    ranks as 1."""
+    return math.log2(value(max(heat, 1.0), length)) + last_access / half_life
 
 
 # half-lives, at least, per cache's worth of chunk accesses: the default's own ratio (30 min
