@@ -81,12 +81,14 @@ def test_interrupted_warm_resumes_without_fetching_twice(rgw, bucket, tmp_path, 
     chunks = 24 * 4 * 16
     args = ["--chunk-size", "64K", "--memory-cache-size", "0"]
     with Mount(rgw, f"s3://{bucket}", tmp_path / "mnt", tmp_path / "cache", args) as m:
+        # SIGINT as at a terminal: a suite started in the background (`cmd &`) hands its
+        # children SIGINT ignored, and Python then installs no KeyboardInterrupt for it
         client = subprocess.Popen([sys.executable, "-m", "tierfs", "warm", m.path / "big",
                                    "--json", "--concurrency", "1"], stdout=subprocess.DEVNULL,
-                                  stderr=subprocess.PIPE, text=True)
-        # Ctrl-C once the daemon has fetched a few chunks, watched on its own counter: the
-        # client's progress lines (every 0.5 s, through a pipe) came so late on a loaded
-        # machine that the warm had finished before its Ctrl-C (twice in clean-clone runs)
+                                  stderr=subprocess.PIPE, text=True,
+                                  preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+        # Ctrl-C once the daemon has fetched a few chunks (its own counter, not the client's
+        # progress lines, which come every 0.5 s through a pipe)
         deadline = time.monotonic() + 60
         while gets(m) < 32 and client.poll() is None and time.monotonic() < deadline:
             time.sleep(0.01)
