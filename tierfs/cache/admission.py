@@ -6,7 +6,8 @@ pushes out a hot set read once a round. Both are the common shapes of training I
 as TinyLFU does, a chunk fetched for a reader when the cache must evict to store it is
 stored only if it has clearly more reads than the chunk it would push out (the coldest
 victim): its heat, remembered from its reads while it was out of the cache (`History`),
-must be above MARGIN times the victim's. A chunk that loses is served from memory and its
+must be above MARGIN times the victim's, each weighed by what a miss on it costs per byte
+(heat.value: the same for chunks of one size). A chunk that loses is served from memory and its
 read is remembered: read again, it gets in over victims read less.
 
 The two heats are compared as of each chunk's last read, plus the time between those
