@@ -12,9 +12,10 @@ from a statvfs stub with plenty of free space, so the budget is the cache size; 
 high/low watermarks); a reader's chunk that would evict is then put to the admission
 policy (refused: not cached, its read remembered); a stored chunk is indexed at its entry
 heat (a write at 0), the heat's half-life following the read rate (heat.HalfLife) as
-ChunkCache's does. A write first reserves room for its unsaved staging copy
-(`reserve_dirty`), released when its object's writes end (the file is uploaded), as the
-write path does. An injected clock advances by fill_time / cache chunks per access.
+ChunkCache's does. A write reserves room for its unsaved staging copy (`reserve_dirty`);
+when its object's writes end (the file is uploaded) its chunks move into the cache, last
+first, each into the room its staging copy held (`fill(dirty=)`), as the write path does.
+An injected clock advances by fill_time / cache chunks per access.
 Prints each trace's read hit ratio beside plain LRU and offline OPT with the same capacity, and
 whether tierfs reaches the issue's goal (>= 0.9x OPT, never below LRU).
 
@@ -279,7 +280,7 @@ def replay_tierfs(trace: Trace, shape: Shape) -> Replay:
     generation, coldest = 0, (-1, b"", 0.0)  # ChunkCache._generation and ._coldest
     pinned = {object_chunk(n * OBJECT_CHUNKS, length)[0].oid
               for n in range(shape.pinned_objects)}
-    dirty, writing = 0, None  # unsaved bytes, and the object whose writes hold them
+    writing, staged = None, []  # the object being written, its chunks' keys (unsaved)
     clock = HalfLife(shape.half_life, admission.chunks)  # ChunkCache.half_life
 
     def accessed(now: float, generation: int) -> int:  # ChunkCache._accessed
@@ -297,11 +298,23 @@ def replay_tierfs(trace: Trace, shape: Shape) -> Replay:
             generation += 1
         return used, generation
 
+    def uploaded(now: float, used: int, generation: int) -> tuple[int, int]:
+        # writeback._keep_in_cache: each chunk moves into its staging copy's room
+        for key in reversed(staged):
+            generation = accessed(now, generation) + 1  # release_dirty
+            if key not in index:
+                index[key] = ChunkRecord(length, admission.entry_heat(key, Fill.WRITTEN, now),
+                                         now, ())
+                used += length
+                generation += 1
+        staged.clear()
+        return used, generation
+
     for i, (cid, write) in enumerate(zip(trace.chunks, trace.writes)):
         now = START + i * shape.step
         if writing is not None and not (write and cid // OBJECT_CHUNKS == writing):
-            dirty, writing = 0, None  # the file is closed and uploaded: release_dirty
-            generation += 1
+            used, generation = uploaded(now, used, generation)  # the file is closed
+            writing = None
         key = keys.get(cid)
         if key is None:
             obj, n = object_chunk(cid, length)
@@ -314,19 +327,20 @@ def replay_tierfs(trace: Trace, shape: Shape) -> Replay:
             rec.last_access = now
             generation = accessed(now, generation)
             continue
+        dirty = len(staged) * length
         if write:  # writeback._materialize -> ChunkCache.reserve_dirty: its staging copy
             victims, fits = evictor.victims(index, used + dirty, length, (), pinned)
             used, generation = drop(victims, used, generation)
-            if fits:
-                dirty += length
+            if fits and key not in staged:
+                staged.append(key)
                 writing = cid // OBJECT_CHUNKS
                 generation += 1
+            continue
         generation = accessed(now, generation)  # ChunkCache.filling
         # ChunkCache.filling -> _make_room (nothing being written): the admission policy
-        # (a reader's chunk only; against the coldest chunk the last sort found while it
-        # still is, as ChunkCache does), evictions, then stored() at the entry heat
-        kind = Fill.WRITTEN if write else Fill.READ
-        if not write and coldest[0] == generation \
+        # (against the coldest chunk the last sort found while it still is, as ChunkCache
+        # does), evictions, then stored() at the entry heat
+        if coldest[0] == generation \
                 and index[coldest[1]].last_access == coldest[2] \
                 and evictor.must_evict(used + dirty, length) \
                 and not admission.admits(key, length, index[coldest[1]], now):
@@ -335,15 +349,15 @@ def replay_tierfs(trace: Trace, shape: Shape) -> Replay:
         victims, fits = evictor.victims(index, used + dirty, length, (), pinned)
         if victims:
             coldest = (generation, victims[0], index[victims[0]].last_access)
-        if not write and victims \
-                and not admission.admits(key, length, index[victims[0]], now):
+        if victims and not admission.admits(key, length, index[victims[0]], now):
             admission.refused(key, now)
             continue
         used, generation = drop(victims, used, generation)
         if fits:
-            index[key] = ChunkRecord(length, admission.entry_heat(key, kind, now), now, ())
+            index[key] = ChunkRecord(length, admission.entry_heat(key, Fill.READ, now), now, ())
             used += length
             generation += 1
+    uploaded(START + len(trace.chunks) * shape.step, used, generation)
     out.cached = {ids[k] for k in index}
     return out
 

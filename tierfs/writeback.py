@@ -9,9 +9,10 @@ Upload: a file up to one part (max(chunk, 8 MiB)) is one PUT; a larger one is a 
 upload whose untouched parts are copied server-side (UploadPartCopy with If-Match on the
 base ETag) and the others uploaded from the staging file, several in parallel. The
 object appears under its name only when the PUT or CompleteMultipartUpload succeeds:
-never partially. The bytes of each part (or the PUT) enter the disk tier as they are
-sent (under a provisional version, hard-linked to the new ETag once it exists: no
-second read of the staging file), so reading back what was just written costs no GET.
+never partially. Once it has, the written chunks move out of the staging file into the
+disk tier under the new ETag, each into the room its unsaved copy held (the file is cut
+behind them), so reading back what was just written costs no GET and a file never holds
+its size in the cache twice.
 Every upload whose bytes all come from this node carries the CRC32C of each chunk in its
 user metadata (tierfs/integrity.py), which later reads check; one with server-side-copied
 parts does not (its base bytes would have to be downloaded first).
@@ -62,7 +63,9 @@ Concurrency: one trio.Lock per DirtyFile serializes writes, truncates and upload
 file (an upload sees one consistent generation); background parts take no lock (each
 part's change count tells close() which copies are stale). Staging I/O is page-cache
 pwrite/pread on the trio thread, except background parts, read in a worker thread
-through a dup of the fd; fsync, CRCs and chunk-cache fills go to worker threads.
+through a dup of the fd; fsync, CRCs, chunk-cache fills and the moves into the cache go
+to worker threads. While an uploaded file's chunks move, it reads as its base the version
+just uploaded, so a reader never sees a chunk that has left the staging file as a hole.
 """
 
 from __future__ import annotations
@@ -117,7 +120,6 @@ class Sent:
     etag: str
     length: int
     crcs: list[int] | None  # CRC32C of each chunk in it (None: copied server-side)
-    fill: ObjectVersion | None  # the provisional version its chunks were cached under
 
 
 @dataclass
@@ -126,21 +128,15 @@ class Stream:
     mode, a new file): created while the file is still being written, full parts sent as
     soon as they are written, with the metadata the file had then; close() sends the rest,
     completes it, and fixes the metadata (mtime, chunk CRCs) by copying the object onto
-    itself. Otherwise created at upload time with the final metadata.
-
-    The bytes of every part sent are cached at once under a provisional version (an ETag
-    nobody else has: tag.part.send) and hard-linked to the real one after completion, so
-    the cache is filled from the bytes uploaded, never by reading the staging file again."""
+    itself. Otherwise created at upload time with the final metadata. Its chunks are
+    cached once the object is complete, out of the staging file (`_keep_in_cache`)."""
     key: str
     metadata: dict[str, str]
-    tag: str = field(default_factory=lambda: f"tierfs-unsaved-{uuid.uuid4().hex}")
     upload_id: str | None = None
     sent: dict[int, Sent] = field(default_factory=dict)
     queued: set[int] = field(default_factory=set)  # parts streamed (or being) in the background
-    fills: list[tuple[ObjectVersion, list[int]]] = field(default_factory=list)
-    dead: bool = False  # abandoned: its upload is orphan cleanup's (unowned), its fills litter
+    dead: bool = False  # abandoned: its upload is orphan cleanup's (unowned)
     closing: bool = False  # an upload of the file uses it now: no more background parts
-    sends: int = 0
     inflight: int = 0
     idle: trio.Event = field(default_factory=trio.Event)
     create_lock: trio.Lock = field(default_factory=trio.Lock)
@@ -245,10 +241,9 @@ class WriteBack:
         self._sweeping = False
         self._sweep_again = False
         self._sweep_failures = 0
-        # background work of streamed uploads: (file, stream, part) to send, or
-        # (None, stream, -1): drop an abandoned stream's provisional cache fills
+        # background work of streamed uploads: (file, stream, part) to send
         self._stream_send, self._stream_recv = trio.open_memory_channel[
-            tuple[DirtyFile | None, Stream, int]](math.inf)
+            tuple[DirtyFile, Stream, int]](math.inf)
 
     # ---- lifecycle of a dirty file ----------------------------------------------------
 
@@ -538,14 +533,11 @@ class WriteBack:
             crcs = await trio.to_thread.run_sync(_chunk_crcs_of, data, cs)
             metadata = self._with_crcs(d, crcs)
             etag = (await self.backend.put(d.key, data, metadata)).etag
-            new = ObjectVersion(self.bucket, d.key, etag, size)
-            await self._fill(new, 0, data)  # the bytes just sent: no second read
         else:
-            etag, s = await self._multipart(d, size)
-            new = ObjectVersion(self.bucket, d.key, etag, size)
-            await self._keep_in_cache(d, new, s)
+            etag = await self._multipart(d, size)
             d.stream = None
-            await self._drop_fills(s)
+        new = ObjectVersion(self.bucket, d.key, etag, size)
+        await self._keep_in_cache(d, new)
         self._set_inode(d, new)
         d.base, d.base_valid, d.saved_generation = new, size, gen
         self.metrics.uploads.labels("success").inc()
@@ -638,9 +630,9 @@ class WriteBack:
                 # first answer was lost, leaving an upload we do not know; cleanup finds it
                 self._marker_until[marker] = time.time()
 
-    async def _multipart(self, d: DirtyFile, size: int) -> tuple[str, Stream]:
+    async def _multipart(self, d: DirtyFile, size: int) -> str:
         """Send the parts the file's stream lacks (or holds stale), complete it, give the
-        object its final metadata: (ETag, the stream). NotFound (the upload vanished:
+        object its final metadata: its ETag. NotFound (the upload vanished:
         aborted elsewhere, expired, a Complete whose answer was lost) starts again with a
         new upload, bounded: NotFound can also mean the base object of a copied part is
         gone. A failed attempt's upload stays the file's: the next attempt aborts it."""
@@ -648,7 +640,7 @@ class WriteBack:
         s = await self._stream_for(d, size)
         while True:
             try:
-                return await self._multipart_once(d, s, size), s
+                return await self._multipart_once(d, s, size)
             except NotFound as exc:
                 self._abandon(d, s, keep=True)
                 if restarts >= RESTARTS:
@@ -680,7 +672,7 @@ class WriteBack:
                     etag = await self._retrying(
                         f"copy of part {n + 1} of {d.key!r}", self.backend.upload_part_copy,
                         d.key, upload_id, n + 1, d.base.key, d.base.etag, start, length)
-                    s.sent[n] = Sent(changes, etag, length, None, None)
+                    s.sent[n] = Sent(changes, etag, length, None)
                 else:
                     await self._send(s, n, await self.read(d, start, length), changes)
 
@@ -728,15 +720,9 @@ class WriteBack:
                     memory.unreserve(self.part_size)
 
     async def _send(self, s: Stream, n: int, data: bytes, changes: int) -> None:
-        """Upload part n of s (its bytes `data`); meanwhile cache its chunks under a
-        provisional version and take their CRCs, from the same bytes."""
+        """Upload part n of s (its bytes `data`); meanwhile take its chunks' CRCs."""
         assert s.upload_id is not None
         upload_id = s.upload_id
-        cs = self.chunk_size
-        first = n * self.part_size // cs
-        s.sends += 1
-        fill = ObjectVersion(self.bucket, s.key, f"{s.tag}.{n}.{s.sends}", 0)
-        s.fills.append((fill, list(range(first, first + -(-len(data) // cs)))))
         out: dict[str, object] = {}
 
         async def upload() -> None:
@@ -745,24 +731,12 @@ class WriteBack:
                                                n + 1, data)
 
         async def crcs() -> None:
-            out["crcs"] = await trio.to_thread.run_sync(_chunk_crcs_of, data, cs)
+            out["crcs"] = await trio.to_thread.run_sync(_chunk_crcs_of, data, self.chunk_size)
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(upload)
             nursery.start_soon(crcs)
-            nursery.start_soon(self._fill, fill, first, data)
-        if s.dead:  # abandoned meanwhile: what this part cached is litter
-            await self._drop_fills(s)
-        s.sent[n] = Sent(changes, out["etag"], len(data), out["crcs"], fill)  # type: ignore[arg-type]
-
-    async def _fill(self, version: ObjectVersion, first: int, data: bytes) -> None:
-        """Cache data (chunks first, first+1, ...) of version in the disk tier."""
-        cs = self.chunk_size
-        view = memoryview(data)
-        for j in range(0, len(data), cs):
-            piece = data if len(data) <= cs else view[j:j + cs]
-            await self.cache.fill(version, version.chunk_key(first + j // cs), piece,  # type: ignore[arg-type]
-                                  Fill.WRITTEN)
+        s.sent[n] = Sent(changes, out["etag"], len(data), out["crcs"])  # type: ignore[arg-type]
 
     # ---- streaming parts while the file is written -------------------------------------
 
@@ -776,10 +750,7 @@ class WriteBack:
         while True:
             d, s, n = await self._stream_recv.receive()
             try:
-                if d is None:
-                    await self._drop_fills(s)
-                else:
-                    await self._stream_part(d, s, n)
+                await self._stream_part(d, s, n)
             except Exception as exc:  # noqa: BLE001 - close() sends what failed here
                 error = _as_tierfs_error(exc) if isinstance(exc, BaseExceptionGroup) else exc
                 if isinstance(error, TierfsError):
@@ -843,16 +814,6 @@ class WriteBack:
             if d.upload_id is not None and d.upload_id == s.upload_id:
                 d.upload_id = None
             self._disown(s)
-        if s.fills:
-            self._stream_send.send_nowait((None, s, -1))
-
-    async def _drop_fills(self, s: Stream) -> None:
-        """Drop the provisional chunks of s (after they were linked to the real version,
-        or as litter of an abandoned stream)."""
-        fills, s.fills = s.fills, []
-        for version, indices in fills:
-            for i in indices:
-                await self.cache.drop(version.chunk_key(i))
 
     async def _retrying(self, what: str, fn: Callable[..., Awaitable[T]], *args) -> T:
         """fn(*args), tried PART_ATTEMPTS times with backoff while the failure is one a
@@ -968,25 +929,46 @@ class WriteBack:
 
     # ---- caching what was uploaded ------------------------------------------------------
 
-    async def _keep_in_cache(self, d: DirtyFile, new: ObjectVersion, s: Stream) -> None:
+    async def _keep_in_cache(self, d: DirtyFile, new: ObjectVersion) -> None:
         """The uploaded bytes stay cached under the new ETag: restore on this node is free.
-        Parts sent were cached as they were sent (provisional versions): hard-linked now;
-        parts copied server-side keep the base's cached chunks."""
-        cs, ps = self.chunk_size, self.part_size
-        for n in range(-(-new.size // ps)):
-            sent = s.sent.get(n)
-            if sent is not None and sent.fill is not None:
-                first = n * ps // cs
-                await self.cache.rekey(sent.fill, new, range(first, first + -(-sent.length // cs)))
+
+        Written chunks move out of the staging file, last first: each takes the room its
+        unsaved copy held (`fill(dirty=)`) and the staging file is cut behind it, so a
+        file holds its size in the cache once, never twice (a checkpoint written twice
+        over would push out twice its size of data; decision 3d). Chunks of the base the
+        writes left alone keep the base's cached chunks (hard links)."""
+        cs, base = self.chunk_size, d.base
         untouched = []
         for index in range(-(-new.size // cs)):
             start = index * cs
             length = min(cs, new.size - start)
-            if (index not in d.materialized and d.base is not None
-                    and start + length <= d.base_valid and d.base.key == new.key):
+            if (index not in d.materialized and base is not None
+                    and start + length <= d.base_valid and base.key == new.key):
                 untouched.append(index)
-        if untouched and d.base is not None:
-            await self.cache.rekey(d.base, new, untouched)
+        # reads meanwhile: what has left the staging file is the new version's
+        d.base, d.base_valid = new, new.size
+        if d.journaled:
+            # the store holds these bytes now: from here on a crash must not upload the
+            # staging file again (it is being cut), so its record goes first
+            await trio.to_thread.run_sync(self.meta.delete_dirty, d.ino)
+            d.journaled = False
+        try:
+            for index in sorted(d.materialized, reverse=True):
+                start = index * cs
+                length = min(cs, new.size - start)
+                data = await trio.to_thread.run_sync(os.pread, d.fd, length, start)
+                d.materialized.discard(index)  # its dirty bytes are the fill's now
+                await self.cache.fill(new, new.chunk_key(index),
+                                      data + bytes(length - len(data)), Fill.WRITTEN, dirty=cs)
+                await trio.to_thread.run_sync(os.ftruncate, d.fd, start)
+        except Exception as exc:  # noqa: BLE001 - saved: only the cached copy is lost
+            # (an upload failing now would be retried from a staging file half cut)
+            if not isinstance(exc, OSError):
+                self.metrics.internal_errors.labels("upload").inc()
+            log.warning("%r is saved, but what was written cannot all be cached: %s",
+                        d.key, exc, exc_info=not isinstance(exc, OSError))
+        if untouched and base is not None:
+            await self.cache.rekey(base, new, untouched)
 
     def _set_inode(self, d: DirtyFile, new: ObjectVersion) -> None:
         node = self.meta.inode(d.ino)

@@ -135,8 +135,9 @@ def test_bad_options_are_one_line(capsys, argv):
 @pytest.mark.parametrize("name", ["checkpoints", "hot+scans", "epochs-shuffled", "zipf"])
 async def test_replay_is_what_chunk_cache_does(tmp_path, name, fill_time):
     """The same trace through the real ChunkCache (read with touch, fill on a miss; a
-    write reserves its unsaved bytes, fills, and releases them when its object is done;
-    admission and all) hits on the same accesses and ends with the same chunks cached."""
+    write reserves its unsaved bytes, and when its object is done its chunks move into
+    their room, last first; admission and all) hits on the same accesses and ends with the
+    same chunks cached."""
     shape = evict.Shape(40, chunk_bytes=4096, fill_time=fill_time)
     trace = evict.make_trace(name, shape.chunks, seed=5)
     bench = evict.replay_tierfs(trace, shape)
@@ -149,22 +150,28 @@ async def test_replay_is_what_chunk_cache_does(tmp_path, name, fill_time):
     def key_of(cid: int) -> bytes:
         obj, index = evict.object_chunk(cid, shape.chunk_bytes)
         return obj.chunk_key(index)
-    writing, dirty = None, 0  # the object being written (a file), its unsaved bytes
+    staged: list[tuple[evict.ObjectVersion, bytes]] = []  # a file being written: its chunks
+
+    async def uploaded() -> None:  # as writeback._keep_in_cache does
+        for obj, key in reversed(staged):
+            await rig.cache.fill(obj, key, data, Fill.WRITTEN, dirty=shape.chunk_bytes)
+        staged.clear()
     try:
         for i, (cid, write) in enumerate(zip(trace.chunks, trace.writes)):
             clock.now = evict.START + i * shape.step
             obj, _ = evict.object_chunk(cid, shape.chunk_bytes)
-            if writing is not None and not (write and obj.key == writing):
-                rig.cache.release_dirty(dirty, key=writing)  # closed and uploaded
-                writing, dirty = None, 0
+            if staged and not (write and obj.key == staged[0][0].key):
+                await uploaded()  # closed
             key = key_of(cid)
             got = None if write else await rig.cache.read(key, 0, 0, touch=True)
             hits.append(got is not None)
-            if write:  # as the write path does: the staging copy first, then the part's fill
+            if write:  # writeback._materialize: its staging copy
                 assert await rig.cache.reserve_dirty(shape.chunk_bytes, 10, key=obj.key)
-                writing, dirty = obj.key, dirty + shape.chunk_bytes
-            if got is None:
-                await rig.cache.fill(obj, key, data, Fill.WRITTEN if write else Fill.READ)
+                staged.append((obj, key))
+            elif got is None:
+                await rig.cache.fill(obj, key, data)
+        clock.now = evict.START + len(trace.chunks) * shape.step
+        await uploaded()
         # the policy decided something: evictions, refusals or both
         assert (sample(rig.metrics, "tierfs_cache_evictions_total")
                 + sample(rig.metrics, "tierfs_cache_refused_chunks_total")) > 0

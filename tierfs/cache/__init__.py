@@ -252,10 +252,10 @@ class ChunkCache:
         self.memory.put((ckey, WHOLE), data)
 
     async def fill(self, obj: ObjectVersion, ckey: bytes, data: bytes,
-                   kind: Fill = Fill.READ) -> None:
+                   kind: Fill = Fill.READ, *, dirty: int = 0) -> None:
         """Write a chunk to the disk tier: fetched for a reader (who has the bytes already),
-        or written through the mount (`Fill.WRITTEN`)."""
-        async with self.filling(obj, ckey, len(data), kind) as stored:
+        or written through the mount (`Fill.WRITTEN`, with `dirty`: see `filling`)."""
+        async with self.filling(obj, ckey, len(data), kind, dirty=dirty) as stored:
             if stored is None:
                 return
             try:
@@ -265,7 +265,8 @@ class ChunkCache:
                 log.warning("cannot write chunk to the cache dir: %s", exc)
 
     @asynccontextmanager
-    async def filling(self, obj: ObjectVersion, ckey: bytes, length: int, kind: Fill = Fill.READ
+    async def filling(self, obj: ObjectVersion, ckey: bytes, length: int, kind: Fill = Fill.READ,
+                      *, dirty: int = 0
                       ) -> AsyncIterator[Callable[[tuple[int, ...]], None] | None]:
         """Room and bookkeeping for writing one chunk to the disk tier.
 
@@ -275,7 +276,15 @@ class ChunkCache:
         else a function to call with the chunk's CRCs once its file is written, which
         indexes it. Room is made and reserved before the caller's write (concurrent fills
         see each other); the reservation ends with the block.
+
+        `dirty`: bytes of unsaved data (`reserve_dirty`) this chunk moves out of, a
+        written chunk leaving its uploaded staging file. They are released at once, and
+        the chunk takes their room without evicting anything, so a written file holds its
+        size in the cache once, not twice (docs/architecture.md, decision 3d).
         """
+        if dirty:
+            # before any await: no other fill or write can take the room in between
+            self.release_dirty(dirty, key=obj.key)
         if ckey in self._index or ckey in self._writing:
             yield None
             return
@@ -288,9 +297,9 @@ class ChunkCache:
             # its own chunks first when at its hard share; the check again after the
             # global eviction's awaits (other fills of the tenant may have come in)
             reader = ckey if kind is Fill.READ else None  # the chunk admission decides on
-            if not (await self._admit(tenant, length, reader)
-                    and await self._make_room(length, reader, tenant)
-                    and self._within_hard(tenant, length)):
+            if not dirty and not (await self._admit(tenant, length, reader)
+                                  and await self._make_room(length, reader, tenant)
+                                  and self._within_hard(tenant, length)):
                 yield None
                 return
             reserved = length
