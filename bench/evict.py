@@ -281,6 +281,7 @@ def replay_tierfs(trace: Trace, shape: Shape) -> Replay:
     pinned = {object_chunk(n * OBJECT_CHUNKS, length)[0].oid
               for n in range(shape.pinned_objects)}
     writing, staged = None, []  # the object being written, its chunks' keys (unsaved)
+    written: dict[bytes, None] = {}  # ChunkCache._written: read at most once, oldest first
     clock = HalfLife(shape.half_life, admission.chunks)  # ChunkCache.half_life
 
     def accessed(now: float, generation: int) -> int:  # ChunkCache._accessed
@@ -293,6 +294,7 @@ def replay_tierfs(trace: Trace, shape: Shape) -> Replay:
     def drop(victims: list[bytes], used: int, generation: int) -> tuple[int, int]:
         for victim in victims:
             rec = index.pop(victim)
+            written.pop(victim, None)
             admission.evicted(victim, rec)
             used -= rec.length
             generation += 1
@@ -305,6 +307,7 @@ def replay_tierfs(trace: Trace, shape: Shape) -> Replay:
             if key not in index:
                 index[key] = ChunkRecord(length, admission.entry_heat(key, Fill.WRITTEN, now),
                                          now, ())
+                written[key] = None
                 used += length
                 generation += 1
         staged.clear()
@@ -325,10 +328,15 @@ def replay_tierfs(trace: Trace, shape: Shape) -> Replay:
         if rec is not None:  # ChunkCache.read(touch=True) -> touch()
             rec.heat = touched(rec.heat, rec.last_access, now, evictor.half_life)
             rec.last_access = now
+            if rec.heat >= 1.0:
+                written.pop(key, None)
             generation = accessed(now, generation)
             continue
         dirty = len(staged) * length
         if write:  # writeback._materialize -> ChunkCache.reserve_dirty: its staging copy
+            # ChunkCache._recycle: the oldest written chunk read at most once goes first
+            while written and evictor.must_evict(used + dirty, length):
+                used, generation = drop([next(iter(written))], used, generation)
             victims, fits = evictor.victims(index, used + dirty, length, (), pinned)
             used, generation = drop(victims, used, generation)
             if fits and key not in staged:

@@ -89,6 +89,9 @@ class ChunkCache:
         self.block_size = disk.block_size
         self._clock = clock
         self._index: dict[bytes, ChunkRecord] = {}
+        # written chunks read at most once (heat below 1), oldest stored first: the room
+        # writes take first (reserve_dirty, decision 3e)
+        self._written: dict[bytes, None] = {}
         self._used = 0
         self._writing: set[bytes] = set()
         self._reserved = 0  # bytes of chunks being written, already counted against the budget
@@ -147,7 +150,9 @@ class ChunkCache:
         for name in present:  # files the index never recorded (crash before a flush)
             self.disk.delete_name(name)
         self.meta.apply_chunks({}, dropped)
-        # tenants from the objects db (after the walk: one read transaction at a time)
+        # tenants from the objects db (after the walk: one read transaction at a time);
+        # oldest first, the order of `_written`
+        kept.sort(key=lambda kr: kr[1].last_access)
         for key, rec in kept:
             self._add_chunk(key, rec, self._stored_tenant(key[:16]))
         self._publish()
@@ -180,6 +185,8 @@ class ChunkCache:
             rec.heat = touched(rec.heat, rec.last_access, now, self.evictor.half_life)
             rec.last_access = now
             self._pending_puts[ckey] = rec
+            if rec.heat >= 1.0:
+                self._written.pop(ckey, None)
         self._accessed(now)
 
     def _accessed(self, now: float) -> None:
@@ -406,6 +413,8 @@ class ChunkCache:
     def _add_chunk(self, ckey: bytes, rec: ChunkRecord, tenant: str) -> None:
         self._generation += 1
         self._index[ckey] = rec
+        if rec.heat < 1.0:
+            self._written[ckey] = None
         self._used += rec.length
         oid = ckey[:16]
         self._oid_tenant[oid] = tenant
@@ -421,6 +430,7 @@ class ChunkCache:
         rec = self._index.pop(ckey, None)
         if rec is None:
             return None
+        self._written.pop(ckey, None)
         self._used -= rec.length
         oid = ckey[:16]
         tenant = self._oid_tenant.get(oid, DEFAULT)
@@ -592,12 +602,14 @@ class ChunkCache:
         finish); False if they still do not fit: the writer answers ENOSPC. With the
         file's `key` the bytes are its tenant's, and its hard share holds them too (its
         own clean chunks are evicted first); without, they are counted to the default
-        tenant and no share holds them.
+        tenant and no share holds them. The room comes from earlier writes first
+        (`_recycle`).
         """
         tenant = DEFAULT if key is None else self.tenants.of(key)
         with trio.move_on_after(wait_s):
             while True:
                 if key is None or await self._admit(tenant, nbytes):
+                    await self._recycle(tenant, nbytes)
                     victims, fits = self._victims(nbytes)
                     for victim in victims:
                         await self.drop(victim, evicted=True)
@@ -606,6 +618,19 @@ class ChunkCache:
                         return True
                 await self._dirty_released.wait()
         return False
+
+    async def _recycle(self, tenant: str, incoming: int) -> None:
+        """A write's room comes from earlier writes first (decision 3e): while `incoming`
+        more bytes would pass the high mark, the tenant's oldest written chunk read at
+        most once (not pinned) goes, one for one, before any chunk read more. So a job's
+        checkpoints take each other's room (the newest is kept for its restore) instead
+        of pushing out a batch of its data set each time."""
+        while self.evictor.must_evict(self._used + self._reserved + self._dirty, incoming):
+            victim = next((k for k in self._written
+                           if self._owner(k) == tenant and k[:16] not in self.pins), None)
+            if victim is None:
+                return
+            await self.drop(victim, evicted=True)
 
     def force_dirty(self, nbytes: int, *, key: str | None = None) -> None:
         """Count recovered dirty data, whatever the budget: it must be uploaded, not refused."""

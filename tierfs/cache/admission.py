@@ -26,10 +26,10 @@ warm`, and written data (the write path stores it anyway; a checkpoint read back
 restart is the point).
 
 A chunk's heat when stored (`entry_heat`): a reader's chunk enters with its remembered
-heat plus this read; a warmed one with 1 (it is there to be read); a written one with 0:
-heat counts reads, so an unread checkpoint is the first thing any chunk with history may
-replace, while eviction still ranks it as read once at its write (heat.py), which keeps
-the last checkpoint for its restore as long as data just read.
+heat plus this read; a warmed one with 1 (it is there to be read); a written one with 0
+(heat counts reads), which eviction and admission rank as UNREAD_WRITTEN reads at its
+write (heat.py): the last checkpoint is kept for its restore, and the room of written
+chunks read at most once is what the next writes take first (ChunkCache.reserve_dirty).
 
 History is bounded (HISTORY_FACTOR x the cache's chunk count, at most HISTORY_MAX
 entries, oldest forgotten first) and lives in memory: after a restart a loop's chunks are
@@ -42,7 +42,7 @@ import enum
 from collections import OrderedDict
 
 from ..meta import ChunkRecord
-from .heat import decayed, value
+from .heat import decayed, ranked, value
 
 STALE = 1 / 1024  # a victim's decayed heat below this yields to any chunk
 # chunks read equally often must not displace each other on timing: bench/evict.py,
@@ -103,8 +103,8 @@ class Admission:
         """Whether a chunk of `length` bytes fetched for a reader may push out `victim` (the
         coldest chunk the evictor would drop for it). Heats are weighed by what a miss costs
         per byte (heat.value): the same for chunks of one size. An unread written chunk
-        (heat 0) goes stale as one read at its write would, and gives way before that to
-        any chunk read before."""
+        (heat 0) goes stale as one read at its write would, and ranks as UNREAD_WRITTEN
+        reads before that (heat.ranked)."""
         if decayed(max(victim.heat, 1.0), victim.last_access, now, self.half_life) < STALE:
             return True
         past = self.history.last(ckey)
@@ -114,7 +114,7 @@ class Admission:
         lag = (at - victim.last_access) / self.half_life
         counted = max(0.0, abs(lag) - LAG_IGNORED)
         return value(heat, length) * 2.0 ** (counted if lag > 0 else -counted) > \
-            MARGIN * value(victim.heat, victim.length)
+            MARGIN * value(ranked(victim.heat), victim.length)
 
     def refused(self, ckey: bytes, now: float) -> None:
         """A chunk served from memory only: its read is history."""

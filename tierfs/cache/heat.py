@@ -4,10 +4,13 @@ heat(t) = heat(t0) * 2 ** (-(t - t0) / half_life), plus 1 per access. Ordering c
 decayed heat at any instant is the same as ordering by log2(heat) + last_access/half_life,
 a value that does not change with time: eviction sorts on it without recomputing decay.
 
-Heat counts reads. A record with heat below 1, a chunk stored without being read (written
-data, stored at heat 0: admission.py), ranks as heat 1 at its store time: it is kept as
-long as data just read, and its first read makes it heat 1, not 2 (a checkpoint restored
-once is not a working set: bench/README.md, "Eviction quality").
+Heat counts reads. A chunk stored without being read (written data, stored at heat 0:
+admission.py) ranks as UNREAD_WRITTEN reads at its store time, so the last checkpoint is
+kept for its restore over data read a few times; its first read (the restore) makes it
+RESTORED, below one read: a checkpoint restored once is not a working set, and, like an
+unread one, it is the room the next writes take first (a written chunk read at most once:
+heat below 1; ChunkCache.reserve_dirty, docs/architecture.md decision 3e). A second read
+makes it an ordinary chunk (RESTORED decayed + 1).
 
 What a chunk is worth keeping is its heat times what a miss on it costs per byte of cache it
 holds (`value`, GreedyDual-Size-Frequency's idea): a GET pays a first-byte latency whatever
@@ -22,6 +25,11 @@ import math
 
 # the bytes a GET's first-byte latency is worth: ~20-30 ms at ~100 MB/s per stream (S3, RGW)
 MISS_OVERHEAD = 2 << 20
+# an unread written chunk ranks as this many reads at its write (for eviction and admission):
+# bench/evict.py checkpoints at 20 s per cache of reads, 1 gives 0.60x OPT, 2 0.71x, 4 0.80x,
+# 8 0.82x (0.87x at 1024 s with each)
+UNREAD_WRITTEN = 4.0
+RESTORED = 0.5  # the heat of a written chunk after its first read: below any read chunk
 
 
 def decayed(heat: float, last_access: float, now: float, half_life: float) -> float:
@@ -29,7 +37,14 @@ def decayed(heat: float, last_access: float, now: float, half_life: float) -> fl
 
 
 def touched(heat: float, last_access: float, now: float, half_life: float) -> float:
+    if heat == 0.0:  # an unread written chunk's first read: still read at most once
+        return RESTORED
     return decayed(heat, last_access, now, half_life) + 1.0
+
+
+def ranked(heat: float) -> float:
+    """The heat eviction and admission compare: an unread written chunk's is UNREAD_WRITTEN."""
+    return heat or UNREAD_WRITTEN
 
 
 def miss_cost(length: int) -> float:
@@ -45,9 +60,8 @@ def value(heat: float, length: int) -> float:
 
 
 def eviction_order(heat: float, last_access: float, half_life: float, length: int) -> float:
-    """Smaller goes first: the decayed value, time-invariant (module doc); heat below 1
-    ranks as 1."""
-    return math.log2(value(max(heat, 1.0), length)) + last_access / half_life
+    """Smaller goes first: the decayed value, time-invariant (module doc)."""
+    return math.log2(value(ranked(heat), length)) + last_access / half_life
 
 
 # half-lives, at least, per cache's worth of chunk accesses: the default's own ratio (30 min
