@@ -14,7 +14,7 @@ policy (refused: not cached, its read remembered); a stored chunk is indexed at 
 heat (a write at 0), the heat's half-life following the read rate (heat.HalfLife) as
 ChunkCache's does. A write reserves room for its unsaved staging copy (`reserve_dirty`);
 when its object's writes end (the file is uploaded) its chunks move into the cache, last
-first, each into the room its staging copy held (`fill(dirty=)`), as the write path does.
+first, each into the room its staging copy held (`fill(held=)`), as the write path does.
 An injected clock advances by fill_time / cache chunks per access.
 Prints each trace's read hit ratio beside plain LRU and offline OPT with the same capacity, and
 whether tierfs reaches the issue's goal (>= 0.9x OPT, never below LRU).
@@ -301,7 +301,7 @@ def replay_tierfs(trace: Trace, shape: Shape) -> Replay:
         return used, generation
 
     def uploaded(now: float, used: int, generation: int) -> tuple[int, int]:
-        # writeback._keep_in_cache: each chunk moves into its staging copy's room
+        # writeback._settle: each chunk moves into its staging copy's room
         for key in reversed(staged):
             generation = accessed(now, generation) + 1  # release_dirty
             if key not in index:

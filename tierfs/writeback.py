@@ -12,7 +12,8 @@ object appears under its name only when the PUT or CompleteMultipartUpload succe
 never partially. Once it has, the written chunks move out of the staging file into the
 disk tier under the new ETag, each into the room its unsaved copy held (the file is cut
 behind them), so reading back what was just written costs no GET and a file never holds
-its size in the cache twice.
+its size in the cache twice (`_settle`: in the background when the file is still open,
+so close() does not wait for it).
 Every upload whose bytes all come from this node carries the CRC32C of each chunk in its
 user metadata (tierfs/integrity.py), which later reads check; one with server-side-copied
 parts does not (its base bytes would have to be downloaded first).
@@ -111,6 +112,7 @@ _FINAL = (NotFound, PreconditionFailed, AccessDenied, NoSuchBucket)
 
 ReadBase = Callable[[ObjectVersion, int], Awaitable[bytes | memoryview]]
 COVER_MAX = 64  # written ranges tracked per file; a writer scattering more is not streamed
+MOVES = 2  # chunks moved into the cache at once after an upload (the disk tier writes direct)
 
 
 @dataclass
@@ -129,7 +131,7 @@ class Stream:
     soon as they are written, with the metadata the file had then; close() sends the rest,
     completes it, and fixes the metadata (mtime, chunk CRCs) by copying the object onto
     itself. Otherwise created at upload time with the final metadata. Its chunks are
-    cached once the object is complete, out of the staging file (`_keep_in_cache`)."""
+    cached once the object is complete, out of the staging file (`_settle`)."""
     key: str
     metadata: dict[str, str]
     upload_id: str | None = None
@@ -185,6 +187,8 @@ class DirtyFile:
     covered: list[list[int]] | None = field(default_factory=list)
     part_changes: dict[int, int] = field(default_factory=dict)
     stream: Stream | None = None
+    # uploaded (clean), its written chunks still in the staging file: WriteBack._settle
+    uploaded: ObjectVersion | None = None
     lock: trio.Lock = field(default_factory=trio.Lock)
 
     @property
@@ -244,6 +248,8 @@ class WriteBack:
         # background work of streamed uploads: (file, stream, part) to send
         self._stream_send, self._stream_recv = trio.open_memory_channel[
             tuple[DirtyFile, Stream, int]](math.inf)
+        # uploaded files still open whose written chunks are to move into the cache
+        self._settle_send, self._settle_recv = trio.open_memory_channel[DirtyFile](math.inf)
 
     # ---- lifecycle of a dirty file ----------------------------------------------------
 
@@ -275,6 +281,7 @@ class WriteBack:
         end = offset + len(data)
         cs = self.chunk_size
         async with d.lock:
+            await self._settle(d)
             try:
                 for index in range(offset // cs, (end - 1) // cs + 1):
                     if index not in d.materialized:
@@ -342,6 +349,7 @@ class WriteBack:
     async def truncate(self, d: DirtyFile, size: int) -> None:
         cs = self.chunk_size
         async with d.lock:
+            await self._settle(d)
             try:
                 # past the new size the staging file reads zeros, and base_valid keeps the
                 # base from showing through: a later extension reads zeros, as POSIX wants
@@ -389,6 +397,7 @@ class WriteBack:
         async with d.lock:  # not in the middle of an upload of the old metadata
             if self.files.get(d.ino) is not d or d.unlinked:
                 return False
+            await self._settle(d)
             d.metadata = dict(metadata)
             d.generation += 1  # the object must be written again
             if d.journaled:  # what a crash leaves must carry it too
@@ -418,6 +427,7 @@ class WriteBack:
         async with d.lock:
             if d.unlinked or self.files.get(d.ino) is not d:
                 return  # uploaded and forgotten while we waited
+            await self._settle(d)  # a rename's copy is linked to what is cached
             if d.failed is not None:
                 raise d.sticky_error("fsync")
             if d.clean:
@@ -445,7 +455,7 @@ class WriteBack:
                 raise
             d.failures = 0
             self._retry_at.pop(d.ino, None)
-            self._after_upload(d)
+            await self._after_upload(d)
         if self._unowned_records():
             self._queue_send.send_nowait(_SWEEP)  # e.g. the upload of a failed attempt
 
@@ -472,6 +482,10 @@ class WriteBack:
                 d.failed = None
                 await self._journal(d)  # the record must describe what will be uploaded
             if d.unlinked or d.clean:
+                if not d.unlinked:
+                    await self._settle(d)
+                    if d.writers > 0:  # opened again meanwhile: it stays, rebased
+                        return False
                 self._forget(d)
             elif d.journaled:
                 self._queue_send.send_nowait(d.ino)
@@ -500,25 +514,28 @@ class WriteBack:
             self._queue_send.send_nowait(_SWEEP)  # a failed attempt's: cleanup's now
         del self.files[d.ino]
         self._retry_at.pop(d.ino, None)
-        self.cache.release_dirty(len(d.materialized) * self.chunk_size, key=d.key)
+        unsaved = len(d.materialized) * self.chunk_size
+        if d.uploaded is None:
+            self.cache.release_dirty(unsaved, key=d.key)
+        else:  # unlinked before its chunks moved: nothing to keep
+            self.cache.release_held(unsaved, key=d.key)
+            d.uploaded = None
         os.close(d.fd)
         os.unlink(d.staging)
         if d.journaled:
             self.meta.delete_dirty(d.ino)
 
-    def _after_upload(self, d: DirtyFile) -> None:
+    async def _after_upload(self, d: DirtyFile) -> None:
         if d.writers == 0:
-            self._forget(d)
+            await self._settle(d)
+            if d.writers == 0:  # else opened again meanwhile: it stays, rebased
+                self._forget(d)
             return
-        # still open (fsync): the next writes build on the version just uploaded (no more
+        # still open (close's flush, fsync): its chunks move into the cache in the
+        # background; the next writes build on the version just uploaded (no more
         # streaming: the file has a base now)
-        self.cache.release_dirty(len(d.materialized) * self.chunk_size, key=d.key)
-        d.materialized.clear()
         d.covered, d.part_changes = [], {}
-        os.ftruncate(d.fd, 0)
-        if d.journaled:
-            self.meta.delete_dirty(d.ino)
-            d.journaled = False
+        self._settle_send.send_nowait(d)
 
     # ---- uploading ----------------------------------------------------------------------
 
@@ -537,7 +554,7 @@ class WriteBack:
             etag = await self._multipart(d, size)
             d.stream = None
         new = ObjectVersion(self.bucket, d.key, etag, size)
-        await self._keep_in_cache(d, new)
+        await self._uploaded(d, new)
         self._set_inode(d, new)
         d.base, d.base_valid, d.saved_generation = new, size, gen
         self.metrics.uploads.labels("success").inc()
@@ -929,14 +946,12 @@ class WriteBack:
 
     # ---- caching what was uploaded ------------------------------------------------------
 
-    async def _keep_in_cache(self, d: DirtyFile, new: ObjectVersion) -> None:
-        """The uploaded bytes stay cached under the new ETag: restore on this node is free.
-
-        Written chunks move out of the staging file, last first: each takes the room its
-        unsaved copy held (`fill(dirty=)`) and the staging file is cut behind it, so a
-        file holds its size in the cache once, never twice (a checkpoint written twice
-        over would push out twice its size of data; decision 3d). Chunks of the base the
-        writes left alone keep the base's cached chunks (hard links)."""
+    async def _uploaded(self, d: DirtyFile, new: ObjectVersion) -> None:
+        """The store has `new`: what was written is to stay cached under it, so restore on
+        this node is free. Chunks of the base the writes left alone keep the base's cached
+        chunks (hard links, now); the written ones move out of the staging file later
+        (`_settle`). Its journal record goes now: the staging file is no longer the only
+        copy, and a crash must not upload it again once it is being cut."""
         cs, base = self.chunk_size, d.base
         untouched = []
         for index in range(-(-new.size // cs)):
@@ -945,30 +960,86 @@ class WriteBack:
             if (index not in d.materialized and base is not None
                     and start + length <= d.base_valid and base.key == new.key):
                 untouched.append(index)
-        # reads meanwhile: what has left the staging file is the new version's
-        d.base, d.base_valid = new, new.size
-        if d.journaled:
-            # the store holds these bytes now: from here on a crash must not upload the
-            # staging file again (it is being cut), so its record goes first
-            await trio.to_thread.run_sync(self.meta.delete_dirty, d.ino)
-            d.journaled = False
-        try:
-            for index in sorted(d.materialized, reverse=True):
-                start = index * cs
-                length = min(cs, new.size - start)
-                data = await trio.to_thread.run_sync(os.pread, d.fd, length, start)
-                d.materialized.discard(index)  # its dirty bytes are the fill's now
-                await self.cache.fill(new, new.chunk_key(index),
-                                      data + bytes(length - len(data)), Fill.WRITTEN, dirty=cs)
-                await trio.to_thread.run_sync(os.ftruncate, d.fd, start)
-        except Exception as exc:  # noqa: BLE001 - saved: only the cached copy is lost
-            # (an upload failing now would be retried from a staging file half cut)
-            if not isinstance(exc, OSError):
-                self.metrics.internal_errors.labels("upload").inc()
-            log.warning("%r is saved, but what was written cannot all be cached: %s",
-                        d.key, exc, exc_info=not isinstance(exc, OSError))
         if untouched and base is not None:
             await self.cache.rekey(base, new, untouched)
+        if d.journaled:
+            await trio.to_thread.run_sync(self.meta.delete_dirty, d.ino)
+            d.journaled = False
+        self.cache.hold(len(d.materialized) * cs, key=d.key)  # saved: no longer dirty
+        d.uploaded = new
+
+    async def _settle(self, d: DirtyFile) -> None:
+        """With d.lock held: move the chunks of the version just uploaded out of the staging
+        file into the disk tier, last first, each into the room its unsaved copy held
+        (`filling(held=)`), the staging file cut behind each batch; a file holds its size
+        in the cache once, never twice (decision 3d). Then the file is rebased on that
+        version (nothing materialized, the staging file empty). Done in the background
+        after an upload of a file still open (close() does not wait for it), or first
+        thing by whatever changes or forgets the file next. Meanwhile the file reads as
+        that version where a chunk has moved (d.base)."""
+        new = d.uploaded
+        if new is None or self.files.get(d.ino) is not d:
+            return
+        cs = self.chunk_size
+        try:
+            order = sorted(d.materialized, reverse=True)
+            for at in range(0, len(order), MOVES):
+                batch = order[at:at + MOVES]
+                async with trio.open_nursery() as nursery:
+                    for index in batch:
+                        nursery.start_soon(self._move, d, new, index)
+                # the staging copies of the batch go: at most MOVES chunks held twice
+                await trio.to_thread.run_sync(os.ftruncate, d.fd, batch[-1] * cs)
+        except Exception as exc:  # noqa: BLE001 - saved: only the cached copy is lost
+            if isinstance(exc, OSError):  # the staging file's truncation
+                log.warning("%r is saved, but its staging file: %s", d.key, exc)
+            else:
+                self.metrics.internal_errors.labels("upload").inc()
+                log.error("%r is saved, but what was written cannot all be cached",
+                          d.key, exc_info=exc)
+        self.cache.release_held(len(d.materialized) * cs, key=d.key)  # what did not move
+        d.materialized.clear()
+        d.uploaded = None
+        try:
+            os.ftruncate(d.fd, 0)
+        except OSError as exc:
+            log.warning("%r is saved, but its staging file: %s", d.key, exc)
+
+    async def run_settler(self) -> None:
+        """Background moves of uploaded files still open (`_settle`); never dies."""
+        while True:
+            d = await self._settle_recv.receive()
+            try:
+                async with d.lock:
+                    await self._settle(d)
+            except Exception as exc:  # noqa: BLE001 - keep the worker
+                self.metrics.internal_errors.labels("upload").inc()
+                log.error("caching what was written to %r failed unexpectedly", d.key,
+                          exc_info=exc)
+
+    async def _move(self, d: DirtyFile, new: ObjectVersion, index: int) -> None:
+        """Chunk `index` of the staging file into the disk tier as `new`'s, into the room its
+        unsaved copy held; read straight into the tier's write buffer (no copy)."""
+        cs = self.chunk_size
+        start = index * cs
+        length = min(cs, new.size - start)
+        ckey = new.chunk_key(index)
+
+        def fill(view: memoryview) -> None:  # in the worker thread
+            got = os.preadv(d.fd, [view], start)
+            view[got:] = bytes(length - got)  # a hole past the staging file's end
+
+        async with self.cache.filling(new, ckey, length, Fill.WRITTEN, held=cs) as stored:
+            try:  # its held bytes are the fill's now (released as the block began)
+                if stored is not None:
+                    stored(await trio.to_thread.run_sync(self.cache.disk.write_via, ckey,
+                                                         length, fill))
+            except OSError as exc:  # a full or failing cache disk: the object is saved
+                log.warning("cannot write chunk to the cache dir: %s", exc)
+            finally:
+                # readers read the staging file until the chunk is indexed (a read of
+                # `new` before would miss and GET it)
+                d.materialized.discard(index)
 
     def _set_inode(self, d: DirtyFile, new: ObjectVersion) -> None:
         node = self.meta.inode(d.ino)
@@ -1010,6 +1081,7 @@ class WriteBack:
         (background parts of files still being written)."""
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self.run_streamer)
+            nursery.start_soon(self.run_settler)
             await self._upload_files()
 
     async def _upload_files(self) -> None:

@@ -155,9 +155,11 @@ async def test_replay_is_what_chunk_cache_does(tmp_path, name, fill_time):
         return obj.chunk_key(index)
     staged: list[tuple[evict.ObjectVersion, bytes]] = []  # a file being written: its chunks
 
-    async def uploaded() -> None:  # as writeback._keep_in_cache does
+    async def uploaded() -> None:  # as writeback._settle does
+        if staged:
+            rig.cache.hold(len(staged) * shape.chunk_bytes, key=staged[0][0].key)
         for obj, key in reversed(staged):
-            await rig.cache.fill(obj, key, data, Fill.WRITTEN, dirty=shape.chunk_bytes)
+            await rig.cache.fill(obj, key, data, Fill.WRITTEN, held=shape.chunk_bytes)
         staged.clear()
     try:
         for i, (cid, write) in enumerate(zip(trace.chunks, trace.writes)):

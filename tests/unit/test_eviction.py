@@ -331,10 +331,11 @@ async def _write(rig, version: ObjectVersion, chunks: range) -> None:
     for _ in chunks:
         rig.clock.advance(1)
         assert await rig.cache.reserve_dirty(CHUNK, 1, key=version.key)
+    rig.cache.hold(len(chunks) * CHUNK, key=version.key)
     for i in reversed(chunks):
         rig.clock.advance(1)
         await rig.cache.fill(version, version.chunk_key(i), payload(i), Fill.WRITTEN,
-                             dirty=CHUNK)
+                             held=CHUNK)
 
 
 async def test_a_checkpoint_takes_the_room_of_the_last_one_restored_not_the_data(tmp_path):

@@ -43,7 +43,9 @@ async def check_object(r, inner: FileBackend, key: str, data: bytes, metadata: d
         size, values = parse_chunk_crcs(got) or (0, [])
         assert values == [crc32c(data[i:i + size]) for i in range(0, len(data), size)], got
     await r.wait_for(lambda: not inner.mpu_list(key))  # aborted, at once or by cleanup
-    # every chunk cached under the uploaded version, with the bytes uploaded
+    # every chunk cached under the uploaded version, with the bytes uploaded (an upload
+    # of a file still open moves them in the background)
+    await r.wait_for(lambda: all(d.uploaded is None for d in r.wb.files.values()))
     new = ObjectVersion("bucket", key, meta.etag, len(data))
     for index in range(-(-len(data) // MiB)):
         got_chunk = await r.cache.read(new.chunk_key(index), 0, MiB // 4096 - 1, touch=False)
@@ -215,15 +217,15 @@ async def test_a_saved_file_that_cannot_be_cached_is_still_saved(tmp_path, monke
     fb, inner = file_backend(tmp_path)
     data = payload("lost", SIZE)
     async with wb_rig(tmp_path, fb, writeback=True) as r:
-        real_write, moved = r.cache.disk.write, []
+        real_write, moved = r.cache.disk.write_via, []
 
-        def write(ckey, piece):
+        def write_via(ckey, length, fill):
             if moved:
                 raise RuntimeError("injected: a bug while caching")
             moved.append(ckey)
-            return real_write(ckey, piece)
+            return real_write(ckey, length, fill)
 
-        monkeypatch.setattr(r.cache.disk, "write", write)
+        monkeypatch.setattr(r.cache.disk, "write_via", write_via)
         await r.write_file(2, "w.bin", data)  # journaled, uploaded in the background
         await r.settled()
         meta = inner.head("w.bin")
@@ -234,4 +236,48 @@ async def test_a_saved_file_that_cannot_be_cached_is_still_saved(tmp_path, monke
         assert not list(r.meta.dirty_records()) and r.cache.dirty_bytes == 0
         assert os.listdir(r.wb.dir) == []
         new = ObjectVersion("bucket", "w.bin", meta.etag, SIZE)
-        assert r.cache.has(new.chunk_key(SIZE // MiB))  # the last chunk moved first
+        keys = [new.chunk_key(i) for i in range(SIZE // MiB + 1)]
+        assert [k for k in keys if r.cache.has(k)] == moved  # the one chunk that moved
+
+
+async def test_reads_while_the_chunks_move_see_the_written_bytes(tmp_path, monkeypatch):
+    """Between the object's completion and the end of the move, the file is still dirty
+    (reads go through WriteBack.read) while its staging file is being cut: each read
+    gets the written bytes, from the staging file or from the version just uploaded."""
+    fb, inner = file_backend(tmp_path)
+    data = payload("moving", SIZE)
+    async with wb_rig(tmp_path, fb, writeback=False) as r:
+        d = await r.open(2, "m.bin")
+        real_move, seen = r.wb._move, []
+
+        async def move(d, new, index):
+            seen.append(await r.wb.read(d, 0, SIZE) == data)  # before this chunk moves
+            await real_move(d, new, index)
+            seen.append(await r.wb.read(d, 0, SIZE) == data)  # after (the file cut behind)
+
+        monkeypatch.setattr(r.wb, "_move", move)
+        await write_streamed(r, d, data)
+        await close(r, d, {})
+        assert len(seen) == 2 * -(-SIZE // MiB) and all(seen)
+        await check_object(r, inner, "m.bin", data, {})
+
+
+async def test_a_journaled_file_is_unjournaled_before_its_staging_file_is_cut(tmp_path,
+                                                                             monkeypatch):
+    """A crash during the move must not leave a journal record pointing at a staging file
+    cut short (the next mount would upload it over the good object): the record is gone
+    before the first chunk moves."""
+    fb, inner = file_backend(tmp_path)
+    data = payload("journaled", SIZE)
+    async with wb_rig(tmp_path, fb, writeback=True) as r:
+        real_move, records = r.wb._move, []
+
+        async def move(d, new, index):
+            records.append(len(list(r.meta.dirty_records())))
+            await real_move(d, new, index)
+
+        monkeypatch.setattr(r.wb, "_move", move)
+        await r.write_file(2, "j.bin", data)  # journaled at close, uploaded in the background
+        await r.settled()
+        assert records and records == [0] * len(records)
+        await check_object(r, inner, "j.bin", data, {})

@@ -70,7 +70,7 @@ async def test_a_bug_during_an_upload_loses_no_file_and_no_worker(tmp_path):
     fb, inner = file_backend(tmp_path)
     data = payload("bug", BIG)
     async with wb_rig(tmp_path, fb, workers=1) as r:
-        real = r.wb._keep_in_cache
+        real = r.wb._uploaded
         calls = []
 
         async def buggy(d, new, *rest):
@@ -79,7 +79,7 @@ async def test_a_bug_during_an_upload_loses_no_file_and_no_worker(tmp_path):
                 raise ExceptionGroup("injected bug", [RuntimeError("boom")])
             await real(d, new, *rest)
 
-        r.wb._keep_in_cache = buggy
+        r.wb._uploaded = buggy
         await r.write_file(2, "bug.bin", data)
         await r.settled()
         assert stored(inner, "bug.bin") == data

@@ -259,10 +259,10 @@ class ChunkCache:
         self.memory.put((ckey, WHOLE), data)
 
     async def fill(self, obj: ObjectVersion, ckey: bytes, data: bytes,
-                   kind: Fill = Fill.READ, *, dirty: int = 0) -> None:
+                   kind: Fill = Fill.READ, *, held: int = 0) -> None:
         """Write a chunk to the disk tier: fetched for a reader (who has the bytes already),
-        or written through the mount (`Fill.WRITTEN`, with `dirty`: see `filling`)."""
-        async with self.filling(obj, ckey, len(data), kind, dirty=dirty) as stored:
+        or written through the mount (`Fill.WRITTEN`, with `held`: see `filling`)."""
+        async with self.filling(obj, ckey, len(data), kind, held=held) as stored:
             if stored is None:
                 return
             try:
@@ -273,7 +273,7 @@ class ChunkCache:
 
     @asynccontextmanager
     async def filling(self, obj: ObjectVersion, ckey: bytes, length: int, kind: Fill = Fill.READ,
-                      *, dirty: int = 0
+                      *, held: int = 0
                       ) -> AsyncIterator[Callable[[tuple[int, ...]], None] | None]:
         """Room and bookkeeping for writing one chunk to the disk tier.
 
@@ -284,14 +284,14 @@ class ChunkCache:
         indexes it. Room is made and reserved before the caller's write (concurrent fills
         see each other); the reservation ends with the block.
 
-        `dirty`: bytes of unsaved data (`reserve_dirty`) this chunk moves out of, a
-        written chunk leaving its uploaded staging file. They are released at once, and
-        the chunk takes their room without evicting anything, so a written file holds its
-        size in the cache once, not twice (docs/architecture.md, decision 3d).
+        `held`: bytes of an uploaded staging copy (`hold`) this chunk moves out of, a
+        written chunk leaving its staging file. They are released at once, and the chunk
+        takes their room without evicting anything, so a written file holds its size in
+        the cache once, not twice (docs/architecture.md, decision 3d).
         """
-        if dirty:
+        if held:
             # before any await: no other fill or write can take the room in between
-            self.release_dirty(dirty, key=obj.key)
+            self.release_held(held, key=obj.key)
         if ckey in self._index or ckey in self._writing:
             yield None
             return
@@ -304,7 +304,7 @@ class ChunkCache:
             # its own chunks first when at its hard share; the check again after the
             # global eviction's awaits (other fills of the tenant may have come in)
             reader = ckey if kind is Fill.READ else None  # the chunk admission decides on
-            if not dirty and not (await self._admit(tenant, length, reader)
+            if not held and not (await self._admit(tenant, length, reader)
                                   and await self._make_room(length, reader, tenant)
                                   and self._within_hard(tenant, length)):
                 yield None
@@ -643,6 +643,29 @@ class ChunkCache:
         self._show(tenant)
         self._publish()
 
+    def hold(self, nbytes: int, *, key: str | None = None) -> None:
+        """nbytes of unsaved data of the file `key` are in the store now, but their staging
+        copy stays on disk until its chunks move into the disk tier (`filling(held=)`):
+        still counted against the budget (as reserved), no longer as dirty."""
+        self.release_dirty(nbytes, key=key)
+        tenant = DEFAULT if key is None else self.tenants.of(key)
+        self._reserved += nbytes
+        self._tally[tenant].reserved += nbytes
+        self._publish()
+
+    def release_held(self, nbytes: int, *, key: str | None = None) -> None:
+        """Held bytes (`hold`) whose staging copy is gone."""
+        tenant = DEFAULT if key is None else self.tenants.of(key)
+        self._generation += 1
+        self._reserved -= nbytes
+        self._tally[tenant].reserved -= nbytes
+        self._room_released()
+        self._publish()
+
+    def _room_released(self) -> None:
+        self._dirty_released.set()  # writers waiting for room look again
+        self._dirty_released = trio.Event()
+
     def release_dirty(self, nbytes: int, *, key: str | None = None) -> None:
         """Dirty bytes uploaded or dropped, of the file `key` (None: the default tenant's).
         A file renamed into another tenant meanwhile releases what its first tenant is
@@ -660,8 +683,7 @@ class ChunkCache:
                 self._show(name)
             if not left:
                 break
-        self._dirty_released.set()
-        self._dirty_released = trio.Event()
+        self._room_released()
         self._publish()
 
     @property
