@@ -282,6 +282,7 @@ def replay_tierfs(trace: Trace, shape: Shape) -> Replay:
               for n in range(shape.pinned_objects)}
     writing, staged = None, []  # the object being written, its chunks' keys (unsaved)
     written: dict[bytes, None] = {}  # ChunkCache._written: read at most once, oldest first
+    last_read = 0.0
     clock = HalfLife(shape.half_life, admission.chunks)  # ChunkCache.half_life
 
     def accessed(now: float, generation: int) -> int:  # ChunkCache._accessed
@@ -325,6 +326,8 @@ def replay_tierfs(trace: Trace, shape: Shape) -> Replay:
             ids[key] = cid
         rec = None if write else index.get(key)
         out.access(write, rec is not None)
+        if not write:
+            last_read = now  # ChunkCache._last_read: a touch or a reader's fill
         if rec is not None:  # ChunkCache.read(touch=True) -> touch()
             rec.heat = touched(rec.heat, rec.last_access, now, evictor.half_life)
             rec.last_access = now
@@ -334,9 +337,13 @@ def replay_tierfs(trace: Trace, shape: Shape) -> Replay:
             continue
         dirty = len(staged) * length
         if write:  # writeback._materialize -> ChunkCache.reserve_dirty: its staging copy
-            # ChunkCache._recycle: the oldest written chunk read at most once goes first
+            # ChunkCache._recycle: the oldest written chunk read at most once goes first,
+            # unless written since the last read
             while written and evictor.must_evict(used + dirty, length):
-                used, generation = drop([next(iter(written))], used, generation)
+                first = next(iter(written))
+                if index[first].last_access > last_read:
+                    break
+                used, generation = drop([first], used, generation)
             victims, fits = evictor.victims(index, used + dirty, length, (), pinned)
             used, generation = drop(victims, used, generation)
             if fits and key not in staged:

@@ -82,11 +82,9 @@ def test_an_unread_written_chunk_ranks_as_read_four_times_and_its_restore_below_
 def test_restored_checkpoints_hit_and_the_data_set_is_kept():
     """Restores of the last checkpoint hit (LRU's and OPT's 100%): an unread written chunk
     ranks as UNREAD_WRITTEN reads at its write, and a checkpoint takes the room of the
-    one before (read at most once: decision 3e), not the data set's. Not all: when a job
-    starts, the restored checkpoint is all the written room there is, so its later files
-    take the room of its first ones (bench/README.md; at C = 1000, 1655 of 1800; here all
-    180). The data set's reads hit 31% here (LRU 5%; before decision 3e, each save pushed
-    out a batch of it and 7% hit at C = 1000)."""
+    one before (read at most once: decision 3e), not the data set's, nor its own (here all
+    180; at C = 1000 all 1800). The data set's reads hit 31% here (LRU 5%; before decision
+    3e, each save pushed out a batch of it and 7% hit at C = 1000)."""
     t = evict.make_trace("checkpoints", 100, seed=15)
     restores = [i for i, c in enumerate(t.chunks) if c >= 200 and not t.writes[i]]
     replay = evict.replay_tierfs(t, evict.Shape(100))

@@ -359,13 +359,38 @@ async def test_a_checkpoint_takes_the_room_of_the_last_one_restored_not_the_data
         assert all(rig.cache.has(second.chunk_key(i)) for i in range(4))
         assert [rig.cache.has(first.chunk_key(i)) for i in range(4)] == [False] * 3 + [True]
         assert rig.cache.dirty_bytes == 0
-        # unread, the second is what the third takes, oldest first; one more needs room
-        # from the data: the coldest read chunk (first's chunk 3 was read after the data)
+        # unread, the second is what the third takes (a read between the saves), oldest
+        # first; one more needs room from the data: the coldest read chunk (first's chunk
+        # 3 was read after the data)
+        rig.clock.advance(1)
+        rig.cache.touch(data.chunk_key(9))
         await _write(rig, third, range(4))
         assert not any(rig.cache.has(second.chunk_key(i)) for i in range(4))
         assert all(rig.cache.has(third.chunk_key(i)) for i in range(4))
         assert all(rig.cache.has(data.chunk_key(i)) for i in range(10))
         assert sample(rig.metrics, "tierfs_cache_evictions_total") == 7
+    finally:
+        rig.close()
+
+
+async def test_a_checkpoint_does_not_take_its_own_room(tmp_path):
+    """The files of one save, written with no read between them: a later file does not
+    take an earlier one's room when the save before left less than it needs (the data
+    read most long ago goes instead), so the newest checkpoint stays whole."""
+    rig = make_cache(str(tmp_path), cache_size=N * CHUNK)
+    data, old = obj("data", 12), obj("ckpt/1/shard", 1)
+    shards = [obj(f"ckpt/2/shard-{i}", 2) for i in range(2)]
+    try:
+        await _write(rig, old, range(1))
+        for i in range(12):
+            rig.clock.advance(1)
+            await rig.cache.fill(data, data.chunk_key(i), payload(i))
+            rig.cache.touch(data.chunk_key(i))
+        for shard in shards:
+            await _write(rig, shard, range(2))
+        assert not rig.cache.has(old.chunk_key(0))
+        assert all(rig.cache.has(s.chunk_key(i)) for s in shards for i in range(2))
+        assert not rig.cache.has(data.chunk_key(0))
     finally:
         rig.close()
 

@@ -92,6 +92,7 @@ class ChunkCache:
         # written chunks read at most once (heat below 1), oldest stored first: the room
         # writes take first (reserve_dirty, decision 3e)
         self._written: dict[bytes, None] = {}
+        self._last_read = 0.0  # clock of the last reader's access (a touch or a reader's fill)
         self._used = 0
         self._writing: set[bytes] = set()
         self._reserved = 0  # bytes of chunks being written, already counted against the budget
@@ -155,6 +156,8 @@ class ChunkCache:
         kept.sort(key=lambda kr: kr[1].last_access)
         for key, rec in kept:
             self._add_chunk(key, rec, self._stored_tenant(key[:16]))
+            if rec.heat > 0:  # read (or warmed) at its last access: the last read we know
+                self._last_read = max(self._last_read, rec.last_access)
         self._publish()
         return len(self._index), len(dropped) + len(present)
 
@@ -187,6 +190,7 @@ class ChunkCache:
             self._pending_puts[ckey] = rec
             if rec.heat >= 1.0:
                 self._written.pop(ckey, None)
+        self._last_read = now
         self._accessed(now)
 
     def _accessed(self, now: float) -> None:
@@ -295,7 +299,10 @@ class ChunkCache:
         if ckey in self._index or ckey in self._writing:
             yield None
             return
-        self._accessed(self._clock())
+        now = self._clock()
+        if kind is Fill.READ:
+            self._last_read = now
+        self._accessed(now)
         self._writing.add(ckey)
         tenant = self._oid_tenant.get(ckey[:16]) or self.tenants.of(obj.key)
         tally = self._tally[tenant]
@@ -624,11 +631,13 @@ class ChunkCache:
         more bytes would pass the high mark, the tenant's oldest written chunk read at
         most once (not pinned) goes, one for one, before any chunk read more. So a job's
         checkpoints take each other's room (the newest is kept for its restore) instead
-        of pushing out a batch of its data set each time."""
+        of pushing out a batch of its data set each time. Not chunks written since the
+        last read: those are this save's earlier files (a checkpoint must not take its
+        own room when the one before left less than it needs)."""
         while self.evictor.must_evict(self._used + self._reserved + self._dirty, incoming):
             victim = next((k for k in self._written
                            if self._owner(k) == tenant and k[:16] not in self.pins), None)
-            if victim is None:
+            if victim is None or self._index[victim].last_access > self._last_read:
                 return
             await self.drop(victim, evicted=True)
 
