@@ -304,7 +304,7 @@ def replay_tierfs(trace: Trace, shape: Shape) -> Replay:
     def uploaded(now: float, used: int, generation: int) -> tuple[int, int]:
         # writeback._settle: each chunk moves into its staging copy's room
         for key in reversed(staged):
-            generation = accessed(now, generation) + 1  # release_dirty
+            generation = accessed(now, generation) + 1  # release_held
             if key not in index:
                 index[key] = ChunkRecord(length, admission.entry_heat(key, Fill.WRITTEN, now),
                                          now, ())

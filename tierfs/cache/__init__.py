@@ -64,7 +64,7 @@ class _Tally:
     cached: int = 0
     pinned: int = 0
     dirty: int = 0
-    reserved: int = 0  # chunks being written: they count toward the shares already
+    reserved: int = 0  # chunks being written, staging copies held: in the shares already
 
     @property
     def share_used(self) -> int:
@@ -95,7 +95,9 @@ class ChunkCache:
         self._last_read = 0.0  # clock of the last reader's access (a touch or a reader's fill)
         self._used = 0
         self._writing: set[bytes] = set()
-        self._reserved = 0  # bytes of chunks being written, already counted against the budget
+        # bytes of chunks being written, and of uploaded staging copies waiting to move into
+        # the disk tier (`hold`): counted against the budget, not indexed
+        self._reserved = 0
         self._dirty = 0  # bytes of unsaved writes (write-back staging): budgeted, never evicted
         self._dirty_released = trio.Event()
         self._pending_puts: dict[bytes, ChunkRecord] = {}
