@@ -26,8 +26,8 @@ import math
 # the bytes a GET's first-byte latency is worth: ~20-30 ms at ~100 MB/s per stream (S3, RGW)
 MISS_OVERHEAD = 2 << 20
 # an unread written chunk ranks as this many reads at its write (for eviction and admission):
-# bench/evict.py checkpoints at 20 s per cache of reads, 1 gives 0.60x OPT, 2 0.71x, 4 0.80x,
-# 8 0.82x (0.87x at 1024 s with each)
+# bench/evict.py checkpoints at 20 s per cache of reads, 1 gives 0.57x OPT, 2 0.70x, 4 0.80x,
+# 8 0.81x (0.87x at 1024 s with each)
 UNREAD_WRITTEN = 4.0
 RESTORED = 0.5  # the heat of a written chunk after its first read: below any read chunk
 
