@@ -69,6 +69,20 @@ def test_lru_with_watermarks_evicts_down_to_keep():
     assert r.cached == {3, 4} and r.hits == 1
 
 
+def test_the_informed_policy_keeps_the_newest_write_and_the_chunks_it_is_told():
+    # capacity 3, one written chunk kept: room for the first 2 of `keep` (9 and 1), never 2
+    told = evict.Informed("hand", keep=(9, 1, 2), written=1)
+    t = evict.Trace("i", "hand-checked", [1, 2, 10, 1, 2, 10, 11, 10, 11, 9, 9],
+                    [False, False, True, False, False, False, True, False, False, False, False],
+                    told)
+    r = evict.replay_informed(t, 3)
+    assert r is not None
+    # hits: 1 (kept), 10 (the newest write), 11 (replaced 10), 9's second read
+    assert [i for i, h in enumerate(r.hit) if h] == [3, 5, 8, 10]
+    assert (r.reads, r.cached) == (9, {1, 9, 11})
+    assert evict.replay_informed(reads([1, 1]), 3) is None  # OPT is the reference
+
+
 def test_an_unread_written_chunk_ranks_as_read_four_times_and_its_restore_below_once():
     # written chunks are stored at heat 0 (admission.entry_heat): heat counts reads only
     hl, size = 1800.0, 8 << 20
@@ -109,10 +123,12 @@ def test_opt_bounds_tierfs_and_lru_on_every_trace(name, fill_time):
     shape = evict.Shape(40, fill_time=fill_time)
     row = evict.measure(evict.make_trace(name, shape.chunks, seed=3), shape)
     assert row.trace.reads > 0 and row.opt.hits > 0
-    for other in (row.tierfs, row.lru, row.lru_watermarks):
+    for other in (row.tierfs, row.lru, row.lru_watermarks, row.informed or row.lru):
         assert other.reads == row.opt.reads
         assert other.hits <= row.opt.hits
+    assert (row.informed is None) == (name not in ("checkpoints", "zipf"))
     assert len(row.tierfs.cached) <= shape.capacity
+    assert row.informed is None or len(row.informed.cached) <= shape.capacity
     assert row.passed == (row.tierfs.hits >= 0.9 * row.opt.hits
                           and row.tierfs.hits >= row.lru.hits)
 
