@@ -133,6 +133,21 @@ def epochs(cache: int, rng: random.Random, *, shuffled: bool = False, size: floa
                    f"{count} epochs over {size}x the cache, {order}")
 
 
+def jobs(cache: int, rng: random.Random, *, size: float = 0.8, count: int = 3,
+         epochs: int = 4) -> Trace:
+    """(e) `count` jobs one after another on the node, each `epochs` shuffled epochs over
+    a data set of its own of `size` x the cache."""
+    b = _Builder()
+    for _ in range(count):
+        data = b.fresh(int(size * cache))
+        for _ in range(epochs):
+            data = data[:]
+            rng.shuffle(data)
+            b.read(data)
+    return b.trace("jobs", f"{count} jobs in a row, each {epochs} shuffled epochs over a data "
+                   f"set of its own of {size}x the cache")
+
+
 def hot_and_scans(cache: int, rng: random.Random, *, readers: int, hot: float = 0.25,
                   scan: float = 2.0, rounds: int = 8) -> Trace:
     """(b) rounds of: the hot set read by `readers` readers in turn, then a one-shot scan
@@ -207,6 +222,7 @@ TRACES: dict[str, Callable[[int, random.Random], Trace]] = {
     "hot+scans-once": lambda c, r: hot_and_scans(c, r, readers=1),
     "checkpoints": checkpoints,
     "zipf": zipf,
+    "jobs": jobs,
 }
 
 

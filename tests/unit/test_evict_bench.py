@@ -149,7 +149,7 @@ def test_bad_options_are_one_line(capsys, argv):
 
 
 @pytest.mark.parametrize("fill_time", [60.0, 8192.0])  # 8192: the half-life follows the reads
-@pytest.mark.parametrize("name", ["checkpoints", "hot+scans", "epochs-shuffled", "zipf"])
+@pytest.mark.parametrize("name", ["checkpoints", "hot+scans", "epochs-shuffled", "zipf", "jobs"])
 async def test_replay_is_what_chunk_cache_does(tmp_path, name, fill_time):
     """The same trace through the real ChunkCache (read with touch, fill on a miss; a
     write reserves its unsaved bytes, and when its object is done its chunks move into
