@@ -319,7 +319,9 @@ def replay_tierfs(trace: Trace, shape: Shape) -> Replay:
     clock = HalfLife(shape.half_life, admission.chunks)  # ChunkCache.half_life
 
     def accessed(now: float, generation: int) -> int:  # ChunkCache._accessed
-        if clock.accessed(now):
+        changed = clock.accessed(now)
+        admission.turn = clock.turn
+        if changed:
             evictor.half_life = clock.value
             admission.set_half_life(clock.value)
             generation += 1
@@ -329,6 +331,7 @@ def replay_tierfs(trace: Trace, shape: Shape) -> Replay:
         for victim in victims:
             rec = index.pop(victim)
             written.pop(victim, None)
+            admission.dropped(victim)
             admission.evicted(victim, rec)
             used -= rec.length
             generation += 1
@@ -362,6 +365,7 @@ def replay_tierfs(trace: Trace, shape: Shape) -> Replay:
         if not write:
             last_read = now  # ChunkCache._last_read: a touch or a reader's fill
         if rec is not None:  # ChunkCache.read(touch=True) -> touch()
+            admission.read(key, rec, now)
             rec.heat = touched(rec.heat, rec.last_access, now, evictor.half_life)
             rec.last_access = now
             if rec.heat >= 1.0:
@@ -391,13 +395,13 @@ def replay_tierfs(trace: Trace, shape: Shape) -> Replay:
         if coldest[0] == generation \
                 and index[coldest[1]].last_access == coldest[2] \
                 and evictor.must_evict(used + dirty, length) \
-                and not admission.admits(key, length, index[coldest[1]], now):
+                and not admission.admits(key, length, coldest[1], index[coldest[1]], now):
             admission.refused(key, now)
             continue
         victims, fits = evictor.victims(index, used + dirty, length, (), pinned)
         if victims:
             coldest = (generation, victims[0], index[victims[0]].last_access)
-        if victims and not admission.admits(key, length, index[victims[0]], now):
+        if victims and not admission.admits(key, length, victims[0], index[victims[0]], now):
             admission.refused(key, now)
             continue
         used, generation = drop(victims, used, generation)

@@ -187,6 +187,7 @@ class ChunkCache:
         now = self._clock()
         rec = self._index.get(ckey)
         if rec is not None:
+            self.admission.read(ckey, rec, now)
             rec.heat = touched(rec.heat, rec.last_access, now, self.evictor.half_life)
             rec.last_access = now
             self._pending_puts[ckey] = rec
@@ -197,7 +198,9 @@ class ChunkCache:
 
     def _accessed(self, now: float) -> None:
         """Count a chunk access (a touch or a fill) on the heat clock (heat.HalfLife)."""
-        if self.half_life.accessed(now):
+        changed = self.half_life.accessed(now)
+        self.admission.turn = self.half_life.turn
+        if changed:
             value = self.half_life.value
             self.evictor.half_life = value
             self.admission.set_half_life(value)
@@ -399,7 +402,7 @@ class ChunkCache:
                 self.evictor.budget(self._used + self._reserved + self._dirty)).get(owner):
             return False
         now = self._clock()
-        if self.admission.admits(ckey, length, self._index[victim], now):
+        if self.admission.admits(ckey, length, victim, self._index[victim], now):
             return False
         self.admission.refused(ckey, now)
         self.metrics.cache_refused.inc()
@@ -440,6 +443,7 @@ class ChunkCache:
         if rec is None:
             return None
         self._written.pop(ckey, None)
+        self.admission.dropped(ckey)
         self._used -= rec.length
         oid = ckey[:16]
         tenant = self._oid_tenant.get(oid, DEFAULT)

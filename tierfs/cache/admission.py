@@ -31,9 +31,20 @@ heat plus this read; a warmed one with 1 (it is there to be read); a written one
 write (heat.py): the last checkpoint is kept for its restore, and the room of written
 chunks read at most once is what the next writes take first (ChunkCache.reserve_dirty).
 
-History is bounded (HISTORY_FACTOR x the cache's chunk count, at most HISTORY_MAX
-entries, oldest forgotten first) and lives in memory: after a restart a loop's chunks are
-new again and the first epoch admits nothing past the cache's free room.
+Reads that stopped: comparing heats keeps the last job's data set, read many times, against
+the next job's, read a few times so far, for about 3 half-lives (bench/evict.py `jobs`). So
+a chunk that has not been read for ABANDONED times the longest gap seen between two of its
+reads while cached (`read`; a chunk stored with history starts with the gap since its last
+read), and at least that many times as long as the node takes to access a cache's worth of
+chunks (`turn`: reads a moment apart, by several handles, are no period), gives way to any
+chunk read before. A loop's chunk is read every epoch, so its gap
+is an epoch and it is never that late; a chunk read once since it was stored (a restored
+checkpoint) has no gap and is not judged this way.
+
+History and gaps are bounded (HISTORY_FACTOR x the cache's chunk count, at most
+HISTORY_MAX entries, oldest forgotten first; a gap per cached chunk) and live in memory:
+after a restart a loop's chunks are new again and the first epoch admits nothing past the
+cache's free room, and no cached chunk has a gap until it is read twice.
 """
 
 from __future__ import annotations
@@ -51,6 +62,10 @@ MARGIN = 2.0
 LAG_IGNORED = 2.0  # half-lives between two chunks' last reads that do not count
 HISTORY_FACTOR = 4  # chunks remembered: this many cache-fulls
 HISTORY_MAX = 1 << 20  # at most (~100 MB of dict at 1 M entries)
+# a victim not read for this many times its longest gap between reads gives way (module doc):
+# bench/evict.py jobs at 1024 s 0.40x -> 0.59x OPT, checkpoints 0.87x -> 0.86x, the rest as
+# they were; 2 broke epochs-shuffled-5x at 20 s (0.54x), 4 gained less (jobs 0.45x-0.57x)
+ABANDONED = 3.0
 
 
 class Fill(enum.Enum):
@@ -94,22 +109,30 @@ class Admission:
         self.half_life = half_life
         self.chunks = chunks
         self.history = History(half_life, HISTORY_FACTOR * chunks)
+        self._gap: dict[bytes, float] = {}  # cached chunk -> longest time between two reads
+        # seconds a cache's worth of chunk accesses takes (heat.HalfLife.turn, kept in step
+        # by the cache)
+        self.turn = half_life
 
     def set_half_life(self, half_life: float) -> None:
         """The heat half-life in use changed (heat.HalfLife)."""
         self.half_life = self.history.half_life = half_life
 
-    def admits(self, ckey: bytes, length: int, victim: ChunkRecord, now: float) -> bool:
+    def admits(self, ckey: bytes, length: int, vkey: bytes, victim: ChunkRecord,
+               now: float) -> bool:
         """Whether a chunk of `length` bytes fetched for a reader may push out `victim` (the
-        coldest chunk the evictor would drop for it). Heats are weighed by what a miss costs
-        per byte (heat.value): the same for chunks of one size. An unread written chunk
-        (heat 0) goes stale as one read at its write would, and ranks as UNREAD_WRITTEN
-        reads before that (heat.ranked)."""
+        coldest chunk the evictor would drop for it, key `vkey`). Heats are weighed by what a
+        miss costs per byte (heat.value): the same for chunks of one size. An unread written
+        chunk (heat 0) goes stale as one read at its write would, and ranks as
+        UNREAD_WRITTEN reads before that (heat.ranked)."""
         if decayed(max(victim.heat, 1.0), victim.last_access, now, self.half_life) < STALE:
             return True
         past = self.history.last(ckey)
         if past is None:
             return False
+        gap = self._gap.get(vkey)
+        if gap is not None and now - victim.last_access > ABANDONED * max(gap, self.turn):
+            return True  # its reads stopped (module doc)
         heat, at = past
         lag = (at - victim.last_access) / self.half_life
         counted = max(0.0, abs(lag) - LAG_IGNORED)
@@ -119,6 +142,16 @@ class Admission:
     def refused(self, ckey: bytes, now: float) -> None:
         """A chunk served from memory only: its read is history."""
         self.history.remember(ckey, self.history.heat(ckey, now) + 1.0, now)
+
+    def read(self, ckey: bytes, rec: ChunkRecord, now: float) -> None:
+        """A reader's access to cached chunk `rec`, before its heat and last access change:
+        the gap since its last read (a written chunk's first read is not a gap)."""
+        if rec.heat > 0.0:
+            self._gap[ckey] = max(self._gap.get(ckey, 0.0), now - rec.last_access)
+
+    def dropped(self, ckey: bytes) -> None:
+        """A chunk left the cache (evicted or not): its gap goes."""
+        self._gap.pop(ckey, None)
 
     def evicted(self, ckey: bytes, rec: ChunkRecord) -> None:
         self.history.remember(ckey, rec.heat, rec.last_access)
@@ -130,4 +163,5 @@ class Admission:
             return 0.0
         if kind is Fill.WARM or past is None:
             return 1.0
+        self._gap[ckey] = now - past[1]
         return 1.0 + decayed(past[0], past[1], now, self.half_life)
