@@ -319,9 +319,8 @@ def replay_tierfs(trace: Trace, shape: Shape) -> Replay:
     clock = HalfLife(shape.half_life, admission.chunks)  # ChunkCache.half_life
 
     def accessed(now: float, generation: int) -> int:  # ChunkCache._accessed
-        changed = clock.accessed(now)
-        admission.turn = clock.turn
-        if changed:
+        admission.accessed()
+        if clock.accessed(now):
             evictor.half_life = clock.value
             admission.set_half_life(clock.value)
             generation += 1
@@ -365,7 +364,7 @@ def replay_tierfs(trace: Trace, shape: Shape) -> Replay:
         if not write:
             last_read = now  # ChunkCache._last_read: a touch or a reader's fill
         if rec is not None:  # ChunkCache.read(touch=True) -> touch()
-            admission.read(key, rec, now)
+            admission.read(key, rec)
             rec.heat = touched(rec.heat, rec.last_access, now, evictor.half_life)
             rec.last_access = now
             if rec.heat >= 1.0:

@@ -262,37 +262,37 @@ async def test_heat_fades_so_a_new_working_set_takes_over(tmp_path, half_lives):
         rig.close()
 
 
-@pytest.mark.parametrize("quiet", [299.0, 301.0])
-async def test_a_data_set_no_longer_read_gives_way_to_chunks_read_again(tmp_path, quiet):
-    # the last job's data set, read every 100 s (three reads), then not at all: once not
-    # read for ABANDONED x its longest gap between reads (3 x 100 s; a cache's worth of
-    # accesses took 100 s too), a chunk read before takes its place, though the old chunks
-    # were read more; before that the heats decide (admission.py: 1 read counted
-    # 2^(2.98 - 2) = 1.97 is below 2 x the old chunks' 1.75)
+async def test_a_data_set_no_longer_read_gives_way_to_chunks_read_again(tmp_path):
+    """The last job's data set, read three times, then not at all while other chunks are
+    read: once not read for ABANDONED (3) x its longest gap between reads (15 accesses,
+    counted as at least a cache-full: 16), 48 accesses, a chunk read before takes its
+    place, though the old chunks were read more (heat 3, the new ones at most 5 < 2 x 3).
+    Counted in accesses, not time: a day without reads in between changes nothing."""
     assert ABANDONED == 3.0
-    rig = make_cache(str(tmp_path), cache_size=N * CHUNK, memory_bytes=0, half_life=100.0)
-    old = obj("old", N - 1)  # up to the high watermark: the next chunk must evict
-    new = obj("new", 4)
-    try:
-        for i in range(N - 1):
-            await rig.cache.fill(old, old.chunk_key(i), payload(i))
-        for _ in range(2):
-            rig.clock.advance(100)
-            for i in range(N - 1):
-                assert await rig.cache.read(old.chunk_key(i), 0, 0, touch=True)
-        rig.clock.advance(quiet - 1)
-        for i in range(4):  # read once: no history, refused
-            await rig.cache.fill(new, new.chunk_key(i), payload(100 + i))
-        assert not any(rig.cache.has(new.chunk_key(i)) for i in range(4))
-        assert rig.cache.admission.turn == 100.0
-        rig.clock.advance(1)
-        for i in range(4):  # read again
-            await rig.cache.fill(new, new.chunk_key(i), payload(100 + i))
-        cached = sum(rig.cache.has(new.chunk_key(i)) for i in range(4))
-        assert cached == (4 if quiet > 300 else 0)
-        assert sum(rig.cache.has(old.chunk_key(i)) for i in range(N - 1)) >= N - 1 - 4 - 2
-    finally:
-        rig.close()
+    firsts = []
+    for idle in (0.0, 86400.0):
+        rig = make_cache(str(tmp_path / str(idle)), cache_size=N * CHUNK, memory_bytes=0,
+                         half_life=1e9)  # no decay: heats alone would keep the old set
+        old = obj("old", N - 1)  # up to the high watermark: the next chunk must evict
+        new = obj("new", 8)
+        try:
+            for i in range(N - 1):  # accesses 1-15
+                await rig.cache.fill(old, old.chunk_key(i), payload(i))
+            for _ in range(2):  # 16-45
+                for i in range(N - 1):
+                    assert await rig.cache.read(old.chunk_key(i), 0, 0, touch=True)
+            rig.clock.advance(idle)
+            access = 45
+            while not any(rig.cache.has(new.chunk_key(i)) for i in range(8)):
+                access += 1
+                assert access < 200
+                i = access % 8
+                await rig.cache.fill(new, new.chunk_key(i), payload(100 + i))
+            firsts.append(access)
+        finally:
+            rig.close()
+    # the coldest old chunk was last read at access 31-45: it goes after 48 more
+    assert firsts[0] == firsts[1] and 31 + 48 < firsts[0] <= 45 + 48 + 1
 
 
 async def test_refused_fills_do_not_sort_the_index_each_time(tmp_path):

@@ -187,7 +187,7 @@ class ChunkCache:
         now = self._clock()
         rec = self._index.get(ckey)
         if rec is not None:
-            self.admission.read(ckey, rec, now)
+            self.admission.read(ckey, rec)
             rec.heat = touched(rec.heat, rec.last_access, now, self.evictor.half_life)
             rec.last_access = now
             self._pending_puts[ckey] = rec
@@ -198,9 +198,8 @@ class ChunkCache:
 
     def _accessed(self, now: float) -> None:
         """Count a chunk access (a touch or a fill) on the heat clock (heat.HalfLife)."""
-        changed = self.half_life.accessed(now)
-        self.admission.turn = self.half_life.turn
-        if changed:
+        self.admission.accessed()
+        if self.half_life.accessed(now):
             value = self.half_life.value
             self.evictor.half_life = value
             self.admission.set_half_life(value)

@@ -33,18 +33,18 @@ chunks read at most once is what the next writes take first (ChunkCache.reserve_
 
 Reads that stopped: comparing heats keeps the last job's data set, read many times, against
 the next job's, read a few times so far, for about 3 half-lives (bench/evict.py `jobs`). So
-a chunk that has not been read for ABANDONED times the longest gap seen between two of its
-reads while cached (`read`; a chunk stored with history starts with the gap since its last
-read), and at least that many times as long as the node takes to access a cache's worth of
-chunks (`turn`: reads a moment apart, by several handles, are no period), gives way to any
-chunk read before. A loop's chunk is read every epoch, so its gap
-is an epoch and it is never that late; a chunk read once since it was stored (a restored
-checkpoint) has no gap and is not judged this way.
+a chunk not read for ABANDONED times the longest gap seen between two of its reads while
+cached, and for at least ABANDONED cache-fulls of chunk accesses, gives way to any chunk
+read before. Gaps are counted in chunk accesses, not seconds (`accessed`): an idle night
+or a job waiting in the queue abandons nothing, and reads a moment apart by several
+handles are no period. A loop's chunk is read every epoch, so it is never that late; a
+chunk not read twice since it was stored (or since a restart) has no gap and is not
+judged this way.
 
 History and gaps are bounded (HISTORY_FACTOR x the cache's chunk count, at most
 HISTORY_MAX entries, oldest forgotten first; a gap per cached chunk) and live in memory:
 after a restart a loop's chunks are new again and the first epoch admits nothing past the
-cache's free room, and no cached chunk has a gap until it is read twice.
+cache's free room.
 """
 
 from __future__ import annotations
@@ -62,9 +62,10 @@ MARGIN = 2.0
 LAG_IGNORED = 2.0  # half-lives between two chunks' last reads that do not count
 HISTORY_FACTOR = 4  # chunks remembered: this many cache-fulls
 HISTORY_MAX = 1 << 20  # at most (~100 MB of dict at 1 M entries)
-# a victim not read for this many times its longest gap between reads gives way (module doc):
-# bench/evict.py jobs at 1024 s 0.40x -> 0.59x OPT, checkpoints 0.87x -> 0.86x, the rest as
-# they were; 2 broke epochs-shuffled-5x at 20 s (0.54x), 4 gained less (jobs 0.45x-0.57x)
+# a victim not read for this many times its longest gap between reads, and this many
+# cache-fulls of accesses, gives way (module doc):
+# bench/evict.py jobs at 1024 s 0.40x -> 0.59x OPT, the rest as they were; 2 broke
+# epochs-shuffled-5x at 20 s (0.54x), 4 gained less (jobs 0.45x-0.57x)
 ABANDONED = 3.0
 
 
@@ -109,10 +110,10 @@ class Admission:
         self.half_life = half_life
         self.chunks = chunks
         self.history = History(half_life, HISTORY_FACTOR * chunks)
-        self._gap: dict[bytes, float] = {}  # cached chunk -> longest time between two reads
-        # seconds a cache's worth of chunk accesses takes (heat.HalfLife.turn, kept in step
-        # by the cache)
-        self.turn = half_life
+        self.accesses = 0  # chunk accesses counted (`accessed`): the clock of read gaps
+        # cached chunk -> (longest gap between two of its reads or None, accesses at its
+        # last read or store)
+        self._reads: dict[bytes, tuple[int | None, int]] = {}
 
     def set_half_life(self, half_life: float) -> None:
         """The heat half-life in use changed (heat.HalfLife)."""
@@ -130,8 +131,8 @@ class Admission:
         past = self.history.last(ckey)
         if past is None:
             return False
-        gap = self._gap.get(vkey)
-        if gap is not None and now - victim.last_access > ABANDONED * max(gap, self.turn):
+        gap, last = self._reads.get(vkey, (None, 0))
+        if gap is not None and self.accesses - last > ABANDONED * max(gap, self.chunks):
             return True  # its reads stopped (module doc)
         heat, at = past
         lag = (at - victim.last_access) / self.half_life
@@ -143,15 +144,23 @@ class Admission:
         """A chunk served from memory only: its read is history."""
         self.history.remember(ckey, self.history.heat(ckey, now) + 1.0, now)
 
-    def read(self, ckey: bytes, rec: ChunkRecord, now: float) -> None:
-        """A reader's access to cached chunk `rec`, before its heat and last access change:
-        the gap since its last read (a written chunk's first read is not a gap)."""
-        if rec.heat > 0.0:
-            self._gap[ckey] = max(self._gap.get(ckey, 0.0), now - rec.last_access)
+    def accessed(self) -> None:
+        """One chunk access (a reader's touch or a fill), as heat.HalfLife counts them."""
+        self.accesses += 1
+
+    def read(self, ckey: bytes, rec: ChunkRecord) -> None:
+        """A reader's access to cached chunk `rec`, before its heat changes and before the
+        access is counted (`accessed`, next): the gap since its last read (not since a
+        written chunk's store, nor since a restart)."""
+        this = self.accesses + 1
+        gap, last = self._reads.get(ckey, (None, None))
+        if last is not None and rec.heat > 0.0:
+            gap = max(gap or 0, this - last)
+        self._reads[ckey] = (gap, this)
 
     def dropped(self, ckey: bytes) -> None:
-        """A chunk left the cache (evicted or not): its gap goes."""
-        self._gap.pop(ckey, None)
+        """A chunk left the cache (evicted or not): its gaps go."""
+        self._reads.pop(ckey, None)
 
     def evicted(self, ckey: bytes, rec: ChunkRecord) -> None:
         self.history.remember(ckey, rec.heat, rec.last_access)
@@ -159,9 +168,9 @@ class Admission:
     def entry_heat(self, ckey: bytes, kind: Fill, now: float) -> float:
         """The heat a chunk is indexed with (module doc); its history is over."""
         past = self.history.forget(ckey)
+        self._reads[ckey] = (None, self.accesses)
         if kind is Fill.WRITTEN:
             return 0.0
         if kind is Fill.WARM or past is None:
             return 1.0
-        self._gap[ckey] = now - past[1]
         return 1.0 + decayed(past[0], past[1], now, self.half_life)

@@ -89,9 +89,6 @@ class HalfLife:
         self.configured = configured
         self.chunks = max(1, chunks)
         self.value = configured
-        # seconds the last cache's worth of accesses took (idle gaps capped): a guess until
-        # one is counted
-        self.turn = configured / PER_CACHE
         self._last: float | None = None
         self._busy = 0.0  # time the current cache's worth has taken, idle gaps capped
         self._count = 0
@@ -108,7 +105,6 @@ class HalfLife:
         if self._count < self.chunks:
             return False
         value = max(self.configured, PER_CACHE * self._busy)
-        self.turn = self._busy
         self._busy, self._count = 0.0, 0
         changed, self.value = value != self.value, value
         return changed
