@@ -64,8 +64,8 @@ HISTORY_FACTOR = 4  # chunks remembered: this many cache-fulls
 HISTORY_MAX = 1 << 20  # at most (~100 MB of dict at 1 M entries)
 # a victim not read for this many times its longest gap between reads, and this many
 # cache-fulls of accesses, gives way (module doc):
-# bench/evict.py jobs at 1024 s 0.40x -> 0.59x OPT, the rest as they were; 2 broke
-# epochs-shuffled-5x at 20 s (0.54x), 4 gained less (jobs 0.45x-0.57x)
+# bench/evict.py jobs at 1024 s 0.40x -> 0.59x OPT, the rest as they were; 2 gives jobs
+# 0.58x but checkpoints 0.85x and epochs-shuffled-5x 0.96x at 20 s; 2.5 and 4 jobs 0.52x
 ABANDONED = 3.0
 
 
