@@ -266,7 +266,8 @@ async def test_a_data_set_no_longer_read_gives_way_to_chunks_read_again(tmp_path
     """The last job's data set, read three times, then not at all while other chunks are
     read: once not read for ABANDONED (3) x its longest gap between reads (15 accesses,
     counted as at least a cache-full: 16), 48 accesses, a chunk read before takes its
-    place, though the old chunks were read more (heat 3, the new ones at most 5 < 2 x 3).
+    place, though the old chunks were read more (heat 3; a new one read at most 6 times by
+    then, not above 2 x 3).
     Counted in accesses, not time: a day without reads in between changes nothing."""
     assert ABANDONED == 3.0
     firsts = []
