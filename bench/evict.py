@@ -336,6 +336,20 @@ def replay_tierfs(trace: Trace, shape: Shape) -> Replay:
             generation += 1
         return used, generation
 
+    def abandoned_room(key: bytes, now: float, used: int, generation: int
+                       ) -> tuple[bool, int, int]:  # ChunkCache._abandoned_room
+        freed = 0
+        while freed < length:
+            victim = admission.abandoned(key, lambda k: k[:16] not in pinned)
+            if victim is None:
+                break
+            freed += index[victim].length
+            used, generation = drop([victim], used, generation)
+        if freed >= length and not evictor.must_evict(used, length):
+            return True, used, generation
+        admission.refused(key, now)
+        return False, used, generation
+
     def uploaded(now: float, used: int, generation: int) -> tuple[int, int]:
         # writeback._settle: each chunk moves into its staging copy's room
         for key in reversed(staged):
@@ -391,19 +405,21 @@ def replay_tierfs(trace: Trace, shape: Shape) -> Replay:
         # ChunkCache.filling -> _make_room (nothing being written): the admission policy
         # (against the coldest chunk the last sort found while it still is, as ChunkCache
         # does), evictions, then stored() at the entry heat
-        if coldest[0] == generation \
-                and index[coldest[1]].last_access == coldest[2] \
-                and evictor.must_evict(used + dirty, length) \
-                and not admission.admits(key, length, coldest[1], index[coldest[1]], now):
-            admission.refused(key, now)
-            continue
-        victims, fits = evictor.victims(index, used + dirty, length, (), pinned)
-        if victims:
-            coldest = (generation, victims[0], index[victims[0]].last_access)
-        if victims and not admission.admits(key, length, victims[0], index[victims[0]], now):
-            admission.refused(key, now)
-            continue
-        used, generation = drop(victims, used, generation)
+        refused = coldest[0] == generation \
+            and index[coldest[1]].last_access == coldest[2] \
+            and evictor.must_evict(used + dirty, length) \
+            and not admission.admits(key, length, coldest[1], index[coldest[1]], now)
+        if not refused:
+            victims, fits = evictor.victims(index, used + dirty, length, (), pinned)
+            if victims:
+                coldest = (generation, victims[0], index[victims[0]].last_access)
+            refused = bool(victims) and not admission.admits(key, length, victims[0],
+                                                             index[victims[0]], now)
+        if refused:
+            fits, used, generation = abandoned_room(key, now, used + dirty, generation)
+            used -= dirty
+        else:
+            used, generation = drop(victims, used, generation)
         if fits:
             index[key] = ChunkRecord(length, admission.entry_heat(key, Fill.READ, now), now, ())
             used += length

@@ -12,9 +12,10 @@ import pytest
 import trio
 
 from tierfs.cache import Fill
-from tierfs.cache.admission import ABANDONED, MARGIN
+from tierfs.cache.admission import ABANDONED, MARGIN, MIN_GAP, Admission
 from tierfs.cache.heat import UNREAD_WRITTEN
 from tierfs.cache.keys import ObjectVersion
+from tierfs.meta import ChunkRecord
 
 from unitkit import chunk_files, make_cache, sample, statvfs_result
 
@@ -253,11 +254,13 @@ async def test_heat_fades_so_a_new_working_set_takes_over(tmp_path, half_lives):
         assert survived == (0 if half_lives == 13 else HOT)
         # the last 2 N chunks of the new data read again, right away (remembered: the
         # history holds 4 N chunks): their heat 1, read 6 half-lives after the old chunks
-        # were, counts 2^(6 - 2) = 16 > 2 x 4; read 1 half-life after, 1 < 2 x 4
+        # were, counts 2^(6 - 2) = 16 > 2 x 4. Read 1 half-life after, 1 < 2 x 4, but the
+        # old chunks are abandoned by then: read in one burst (gaps counted as MIN_GAP
+        # cache-fulls of accesses), then not for 5 cache-fulls (admission.ABANDONED)
         for i in range(3 * N, 5 * N):
             await rig.cache.fill(new, new.chunk_key(i), payload(i))
         survived = sum(rig.cache.has(old.chunk_key(i)) for i in range(HOT))
-        assert survived == (HOT if half_lives == 1 else 0)
+        assert survived == 0
     finally:
         rig.close()
 
@@ -265,17 +268,18 @@ async def test_heat_fades_so_a_new_working_set_takes_over(tmp_path, half_lives):
 async def test_a_data_set_no_longer_read_gives_way_to_chunks_read_again(tmp_path):
     """The last job's data set, read three times, then not at all while other chunks are
     read: once not read for ABANDONED (3) x its longest gap between reads (15 accesses,
-    counted as at least a cache-full: 16), 48 accesses, a chunk read before takes its
-    place, though the old chunks were read more (heat 3; a new one read at most 6 times by
-    then, not above 2 x 3).
-    Counted in accesses, not time: a day without reads in between changes nothing."""
-    assert ABANDONED == 3.0
+    counted as at least MIN_GAP cache-fulls: 24), 72 accesses, a chunk read before takes
+    its place, though the old chunks were read more (heat 3; a new one read at most 5 times
+    by then: with no decay, its comparison alone admits it only from its 8th read, heat 7 >
+    2 x 3). Counted in accesses, not time: a day without reads in between changes
+    nothing."""
+    assert (ABANDONED, MIN_GAP) == (3.0, 1.5)
     firsts = []
     for idle in (0.0, 86400.0):
         rig = make_cache(str(tmp_path / str(idle)), cache_size=N * CHUNK, memory_bytes=0,
                          half_life=1e9)  # no decay: heats alone would keep the old set
         old = obj("old", N - 1)  # up to the high watermark: the next chunk must evict
-        new = obj("new", 8)
+        new = obj("new", N)
         try:
             for i in range(N - 1):  # accesses 1-15
                 await rig.cache.fill(old, old.chunk_key(i), payload(i))
@@ -284,16 +288,44 @@ async def test_a_data_set_no_longer_read_gives_way_to_chunks_read_again(tmp_path
                     assert await rig.cache.read(old.chunk_key(i), 0, 0, touch=True)
             rig.clock.advance(idle)
             access = 45
-            while not any(rig.cache.has(new.chunk_key(i)) for i in range(8)):
+            while not any(rig.cache.has(new.chunk_key(i)) for i in range(N)):
                 access += 1
-                assert access < 200
-                i = access % 8
+                assert access < 300
+                i = access % N
                 await rig.cache.fill(new, new.chunk_key(i), payload(100 + i))
             firsts.append(access)
         finally:
             rig.close()
-    # the coldest old chunk was last read at access 31-45: it goes after 48 more
-    assert firsts[0] == firsts[1] and 31 + 48 < firsts[0] <= 45 + 48 + 1
+    # the first old chunk the new ones meet was last read at access 31-45: 72 more
+    assert firsts[0] == firsts[1] and 31 + 72 - 2 <= firsts[0] <= 45 + 72 + 1
+
+
+def test_the_least_recently_read_abandoned_chunk_is_offered_to_a_chunk_read_before():
+    """Where the coldest chunk is not abandoned (heat hardly decays: it is the new data
+    set's own), a refused chunk read before takes the room of the least recently read
+    abandoned one (ChunkCache._abandoned_room); one that cannot go (pinned, being written)
+    moves to the back."""
+    adm = Admission(1e9, 10)  # a gap counts as at least MIN_GAP x 10 = 15 accesses: 3 x 15
+    rec = ChunkRecord(CHUNK, 1.0, 0.0, ())
+    a, b, c, x = (bytes([n]) * 20 for n in b"abcx")
+    for key in (a, b, c):  # stored at accesses 1-3
+        adm.accessed()
+        adm.entry_heat(key, Fill.READ, 0.0)
+    for key in (a, b, c, a):  # read at 4-7: gaps of 3
+        adm.read(key, rec)
+        adm.accessed()
+    anything = lambda key: True  # noqa: E731
+    assert adm.abandoned(x, anything) is None  # x was never read: no claim
+    adm.refused(x, 0.0)
+    for _ in range(50 - 7):
+        adm.accessed()
+    assert adm.abandoned(x, anything) is None  # b, the least recently read: 45 ago
+    adm.accessed()
+    assert adm.abandoned(x, anything) == b  # 46 > 3 x 15
+    adm.accessed()
+    assert adm.abandoned(x, lambda key: key != b) == c  # b cannot go: to the back
+    adm.dropped(c)
+    assert adm.abandoned(x, anything) is None  # a, read at 7, is next: 45 ago
 
 
 async def test_refused_fills_do_not_sort_the_index_each_time(tmp_path):

@@ -348,12 +348,11 @@ class ChunkCache:
         if known is not None and self.evictor.must_evict(
                 self._used + self._reserved + self._dirty, incoming) and self._refuses(
                 reader, incoming, known, tenant):
-            await self._keep_budget()
-            return False
+            return await self._abandoned_room(reader, incoming)
         victims, fits = self._victims(incoming)
         if self._refuses(reader, incoming, self._remember_coldest(None, victims), tenant):
-            await self._keep_budget()
-            return False
+            assert reader is not None
+            return await self._abandoned_room(reader, incoming)
         for key in victims:
             await self.drop(key, evicted=True)
         if not fits and not self._full_logged:
@@ -361,6 +360,31 @@ class ChunkCache:
                         self._used)
             self._full_logged = True
         return fits
+
+    async def _abandoned_room(self, ckey: bytes, incoming: int) -> bool:
+        """A reader's chunk the comparison refused takes the room of abandoned chunks, least
+        recently read first (admission.py), if that frees `incoming` bytes; else it is
+        refused: counted, its read remembered, and a budget the free-space guard shrank is
+        kept."""
+        freed = 0
+        while freed < incoming:
+            victim = self.admission.abandoned(
+                ckey, lambda k: k not in self._writing and k[:16] not in self.pins)
+            if victim is None:
+                break
+            freed += self._index[victim].length
+            await self.drop(victim, evicted=True)
+        if freed >= incoming and not self.evictor.must_evict(
+                self._used + self._reserved + self._dirty, incoming):
+            return True
+        self._refused(ckey)
+        await self._keep_budget()
+        return False
+
+    def _refused(self, ckey: bytes) -> None:
+        """A reader's chunk is served from memory only: counted, its read remembered."""
+        self.admission.refused(ckey, self._clock())
+        self.metrics.cache_refused.inc()
 
     async def _keep_budget(self) -> None:
         """A refused chunk stays out, but a budget the free-space guard shrank is kept."""
@@ -390,22 +414,17 @@ class ChunkCache:
     def _refuses(self, ckey: bytes | None, length: int, victim: bytes | None,
                  tenant: str) -> bool:
         """Whether the admission policy keeps a reader's chunk `ckey` (`length` bytes, of
-        `tenant`) out rather than evict `victim` (the coldest of those to go) for it; a
-        refusal is counted and remembered. Other fills (ckey None) are not the policy's, nor
-        a victim of another tenant above its soft share: the operator's shares come before
-        heat."""
+        `tenant`) out rather than evict `victim` (the coldest of those to go) for it (then
+        _abandoned_room). Other fills (ckey None) are not the policy's, nor a victim of
+        another tenant above its soft share: the operator's shares come before heat."""
         if ckey is None or victim is None:
             return False
         owner = self._owner(victim)
         if owner != tenant and owner in self._soft and self._over_soft(
                 self.evictor.budget(self._used + self._reserved + self._dirty)).get(owner):
             return False
-        now = self._clock()
-        if self.admission.admits(ckey, length, victim, self._index[victim], now):
-            return False
-        self.admission.refused(ckey, now)
-        self.metrics.cache_refused.inc()
-        return True
+        return not self.admission.admits(ckey, length, victim, self._index[victim],
+                                         self._clock())
 
     # ---- tenants -------------------------------------------------------------------
 
@@ -525,10 +544,13 @@ class ChunkCache:
         used = self._tally[tenant].share_used
         if reader is not None and used + incoming > limit and self._refuses(
                 reader, incoming, self._known_coldest(tenant), tenant):
+            self._refused(reader)
             return False
         victims, _ = self.evictor.own_victims(
             self._index, tenant, self._owner, used, incoming, limit, self._writing, self.pins)
         if self._refuses(reader, incoming, self._remember_coldest(tenant, victims), tenant):
+            assert reader is not None
+            self._refused(reader)
             return False
         for key in victims:
             await self.drop(key, evicted=True)

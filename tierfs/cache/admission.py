@@ -34,12 +34,14 @@ chunks read at most once is what the next writes take first (ChunkCache.reserve_
 Reads that stopped: comparing heats keeps the last job's data set, read many times, against
 the next job's, read a few times so far, for about 3 half-lives (bench/evict.py `jobs`). So
 a chunk not read for ABANDONED times the longest gap seen between two of its reads while
-cached, and for at least ABANDONED cache-fulls of chunk accesses, gives way to any chunk
-read before. Gaps are counted in chunk accesses, not seconds (`accessed`): an idle night
-or a job waiting in the queue abandons nothing, and reads a moment apart by several
-handles are no period. A loop's chunk is read every epoch, so it is never that late; a
-chunk not read twice since it was stored (or since a restart) has no gap and is not
-judged this way.
+cached (a gap counting as at least MIN_GAP cache-fulls of chunk accesses) is abandoned: it
+gives way to any chunk read before, as the victim the comparison would have, or, when the
+comparison refuses, as the least recently read chunk with a gap (`abandoned`; where heat
+hardly decays, the coldest chunks are the new data set's own, never the old set's). Gaps are
+counted in chunk accesses, not seconds (`accessed`): an idle night or a job waiting in the
+queue abandons nothing, and reads a moment apart by several handles are no period. A
+loop's chunk is read every epoch, so it is never that late; a chunk not read twice since
+it was stored (or since a restart) has no gap and is not judged this way.
 
 History and gaps are bounded (HISTORY_FACTOR x the cache's chunk count, at most
 HISTORY_MAX entries, oldest forgotten first; a gap per cached chunk) and live in memory:
@@ -51,6 +53,7 @@ from __future__ import annotations
 
 import enum
 from collections import OrderedDict
+from typing import Callable
 
 from ..meta import ChunkRecord
 from .heat import decayed, ranked, value
@@ -62,11 +65,13 @@ MARGIN = 2.0
 LAG_IGNORED = 2.0  # half-lives between two chunks' last reads that do not count
 HISTORY_FACTOR = 4  # chunks remembered: this many cache-fulls
 HISTORY_MAX = 1 << 20  # at most (~100 MB of dict at 1 M entries)
-# a victim not read for this many times its longest gap between reads, and this many
-# cache-fulls of accesses, gives way (module doc):
-# bench/evict.py jobs at 1024 s 0.40x -> 0.59x OPT, the rest as they were; 2 gives jobs
-# 0.58x but checkpoints 0.85x and epochs-shuffled-5x 0.96x at 20 s; 2.5 and 4 jobs 0.52x
+# a chunk not read for this many times its longest gap between reads is abandoned (module
+# doc), a gap counting as at least MIN_GAP cache-fulls of chunk accesses: bench/evict.py jobs
+# 0.40x -> 0.62x OPT at every clock, the rest as they were. ABANDONED 2 gave jobs 0.58x but
+# checkpoints 0.85x at 20 s, 2.5 and 4 0.52x; MIN_GAP 1 cost checkpoints 0.76x at 20 s (a
+# chunk of a loop over 2 C seen once a short gap apart), 2 gave jobs 0.46x at 20 s
 ABANDONED = 3.0
+MIN_GAP = 1.5
 
 
 class Fill(enum.Enum):
@@ -111,9 +116,11 @@ class Admission:
         self.chunks = chunks
         self.history = History(half_life, HISTORY_FACTOR * chunks)
         self.accesses = 0  # chunk accesses counted (`accessed`): the clock of read gaps
-        # cached chunk -> (longest gap between two of its reads or None, accesses at its
-        # last read or store)
-        self._reads: dict[bytes, tuple[int | None, int]] = {}
+        # cached chunks not read twice since stored: accesses at the store or the one read
+        self._once: dict[bytes, int] = {}
+        # the others: (longest gap between two reads, accesses at the last), least recently
+        # read first
+        self._gaps: OrderedDict[bytes, tuple[int, int]] = OrderedDict()
 
     def set_half_life(self, half_life: float) -> None:
         """The heat half-life in use changed (heat.HalfLife)."""
@@ -131,9 +138,8 @@ class Admission:
         past = self.history.last(ckey)
         if past is None:
             return False
-        gap, last = self._reads.get(vkey, (None, 0))
-        if gap is not None and self.accesses - last > ABANDONED * max(gap, self.chunks):
-            return True  # its reads stopped (module doc)
+        if vkey in self._gaps and self._stopped(*self._gaps[vkey]):
+            return True  # abandoned (module doc)
         heat, at = past
         lag = (at - victim.last_access) / self.half_life
         counted = max(0.0, abs(lag) - LAG_IGNORED)
@@ -153,14 +159,38 @@ class Admission:
         access is counted (`accessed`, next): the gap since its last read (not since a
         written chunk's store, nor since a restart)."""
         this = self.accesses + 1
-        gap, last = self._reads.get(ckey, (None, None))
+        if ckey in self._gaps:
+            gap, last = self._gaps.pop(ckey)
+            self._gaps[ckey] = (max(gap, this - last), this)
+            return
+        last = self._once.pop(ckey, None)
         if last is not None and rec.heat > 0.0:
-            gap = max(gap or 0, this - last)
-        self._reads[ckey] = (gap, this)
+            self._gaps[ckey] = (this - last, this)
+        else:
+            self._once[ckey] = this
+
+    def _stopped(self, gap: int, last: int) -> bool:
+        return self.accesses - last > ABANDONED * max(gap, MIN_GAP * self.chunks)
+
+    def abandoned(self, ckey: bytes, evictable: Callable[[bytes], bool]) -> bytes | None:
+        """The least recently read abandoned chunk, if `ckey` (a reader's chunk the
+        comparison refused) was read before: its room is the reader's (module doc). One that
+        `evictable` turns down (pinned, being written) goes to the back of the order."""
+        if self.history.last(ckey) is None:
+            return None
+        for _ in range(len(self._gaps)):
+            vkey, (gap, last) = next(iter(self._gaps.items()))
+            if not self._stopped(gap, last):
+                return None
+            if evictable(vkey):
+                return vkey
+            self._gaps.move_to_end(vkey)
+        return None
 
     def dropped(self, ckey: bytes) -> None:
         """A chunk left the cache (evicted or not): its gaps go."""
-        self._reads.pop(ckey, None)
+        self._once.pop(ckey, None)
+        self._gaps.pop(ckey, None)
 
     def evicted(self, ckey: bytes, rec: ChunkRecord) -> None:
         self.history.remember(ckey, rec.heat, rec.last_access)
@@ -168,7 +198,8 @@ class Admission:
     def entry_heat(self, ckey: bytes, kind: Fill, now: float) -> float:
         """The heat a chunk is indexed with (module doc); its history is over."""
         past = self.history.forget(ckey)
-        self._reads[ckey] = (None, self.accesses)
+        self._gaps.pop(ckey, None)
+        self._once[ckey] = self.accesses
         if kind is Fill.WRITTEN:
             return 0.0
         if kind is Fill.WARM or past is None:
