@@ -17,7 +17,9 @@ when its object's writes end (the file is uploaded) its chunks move into the cac
 first, each into the room its staging copy held (`fill(held=)`), as the write path does.
 An injected clock advances by fill_time / cache chunks per access.
 Prints each trace's read hit ratio beside plain LRU and offline OPT with the same capacity, and
-whether tierfs reaches the issue's goal (>= 0.9x OPT, never below LRU).
+whether tierfs reaches the issue's goal (>= 0.9x OPT, never below LRU); where OPT owes much to
+knowing the future, also beside a policy told the trace's structure but not its future
+(`Informed`: what an online policy can expect there).
 
 Capacities: tierfs never holds more than floor(high * cache_size / chunk) chunks (it
 evicts when a fill would pass `high`, down to `low`); LRU and OPT hold exactly that many,
