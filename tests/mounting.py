@@ -29,11 +29,21 @@ class MountError(RuntimeError):
     pass
 
 
+_HANDED_OUT: set[int] = set()
+
+
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago (bind to port 0)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A TCP port on 127.0.0.1 that was free a moment ago (bind to port 0), and never one
+    this process was given before: ports handed out are often bound only later (a cluster's
+    nodes start together), so the kernel may offer one again (a node's metrics port was
+    another's peer port in CI: "Address already in use")."""
+    while True:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
 
 
 def _unescape_mountinfo(field: str) -> str:

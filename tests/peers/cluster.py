@@ -262,12 +262,8 @@ class Cluster:
         self.secret_file = self.root / "peer.secret"
         self.secret = write_secret(self.secret_file, secret)
         self.nodes: list[Node] = []
-        ports = set()
         for i in range(n):
-            port = free_port()
-            while port in ports:
-                port = free_port()
-            ports.add(port)
+            port = free_port()  # never one handed out before: peer and metrics ports differ
             args = [str(a) for a in extra_args]
             if peers:
                 args += ["--peers", f"file:{self.peers_file}",

@@ -205,7 +205,11 @@ class Slurm:
         key = s / "munge" / "munge.key"
         key.write_bytes(os.urandom(1024))
         key.chmod(0o400)
-        self.conf.write_text(slurm_conf(s, self.host, _free_port(), _free_port()))
+        ctld = _free_port()
+        slurmd = _free_port()
+        while slurmd == ctld:  # neither is bound yet: the kernel may offer one twice
+            slurmd = _free_port()
+        self.conf.write_text(slurm_conf(s, self.host, ctld, slurmd))
         self.settings.write_text(settings)
         self._daemon(["munged", "--force", f"--key-file={key}",
                       f"--socket={s}/munge-run/munge.sock",
