@@ -35,8 +35,8 @@ _HANDED_OUT: set[int] = set()
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that was free a moment ago (bind to port 0), and never one
     this process was given before: ports handed out are often bound only later (a cluster's
-    nodes start together), so the kernel may offer one again (a node's metrics port was
-    another's peer port in CI: "Address already in use")."""
+    nodes start together), so the kernel may offer one again (in CI a node got its own peer
+    port as its metrics port: "Address already in use")."""
     while True:
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
             s.bind(("127.0.0.1", 0))
