@@ -311,7 +311,7 @@ def replay_tierfs(trace: Trace, shape: Shape) -> Replay:
     ids: dict[bytes, int] = {}
     index: dict[bytes, ChunkRecord] = {}
     used, length, out = 0, shape.chunk_bytes, Replay()
-    admission = Admission(shape.half_life, shape.chunks)
+    admission = Admission(shape.half_life, shape.chunks, shape.high)
     generation, coldest = 0, (-1, b"", 0.0)  # ChunkCache._generation and ._coldest
     pinned = {object_chunk(n * OBJECT_CHUNKS, length)[0].oid
               for n in range(shape.pinned_objects)}
@@ -338,11 +338,11 @@ def replay_tierfs(trace: Trace, shape: Shape) -> Replay:
             generation += 1
         return used, generation
 
-    def abandoned_room(key: bytes, now: float, used: int, generation: int
-                       ) -> tuple[bool, int, int]:  # ChunkCache._abandoned_room
+    def yielded_room(key: bytes, lru_hit: bool, now: float, used: int, generation: int
+                     ) -> tuple[bool, int, int]:  # ChunkCache._yielded_room
         freed = 0
         while freed < length:
-            victim = admission.abandoned(key, lambda k: k[:16] not in pinned)
+            victim = admission.yielding(key, lambda k: k[:16] not in pinned, lru_hit)
             if victim is None:
                 break
             freed += index[victim].length
@@ -403,7 +403,8 @@ def replay_tierfs(trace: Trace, shape: Shape) -> Replay:
                 writing = cid // OBJECT_CHUNKS
                 generation += 1
             continue
-        generation = accessed(now, generation)  # ChunkCache.filling
+        lru_hit = admission.missed(key)  # ChunkCache.filling
+        generation = accessed(now, generation)
         # ChunkCache.filling -> _make_room (nothing being written): the admission policy
         # (against the coldest chunk the last sort found while it still is, as ChunkCache
         # does), evictions, then stored() at the entry heat
@@ -418,7 +419,7 @@ def replay_tierfs(trace: Trace, shape: Shape) -> Replay:
             refused = bool(victims) and not admission.admits(key, length, victims[0],
                                                              index[victims[0]], now)
         if refused:
-            fits, used, generation = abandoned_room(key, now, used + dirty, generation)
+            fits, used, generation = yielded_room(key, lru_hit, now, used + dirty, generation)
             used -= dirty
         else:
             used, generation = drop(victims, used, generation)

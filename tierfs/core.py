@@ -149,7 +149,8 @@ async def build_core(cfg: MountConfig, backend: Backend | AsyncBackend, *,
                           high=cfg.evict_high, low=cfg.evict_low, half_life=cfg.heat_half_life,
                           statvfs=statvfs)
         memory = MemoryTier(cfg.memory_cache_size)
-        admission = Admission(cfg.heat_half_life, cfg.cache_size // cfg.chunk_size)
+        admission = Admission(cfg.heat_half_life, cfg.cache_size // cfg.chunk_size,
+                              cfg.evict_high)
         cache = ChunkCache(meta, disk, memory, evictor, metrics, admission=admission, clock=clock,
                            tenants=cfg.tenants)
         kept, dropped = await trio.to_thread.run_sync(cache.recover)

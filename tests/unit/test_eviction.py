@@ -11,8 +11,9 @@ from collections import OrderedDict
 import pytest
 import trio
 
-from tierfs.cache import Fill
-from tierfs.cache.admission import ABANDONED, MARGIN, MIN_GAP, Admission
+from tierfs.cache import Fill, admission
+from tierfs.cache.admission import (ABANDONED, MARGIN, MIN_GAP, TRAILING, Admission,
+                                    LruShadow)
 from tierfs.cache.heat import UNREAD_WRITTEN
 from tierfs.cache.keys import ObjectVersion
 from tierfs.meta import ChunkRecord
@@ -303,7 +304,7 @@ async def test_a_data_set_no_longer_read_gives_way_to_chunks_read_again(tmp_path
 def test_the_least_recently_read_abandoned_chunk_is_offered_to_a_chunk_read_before():
     """Where the coldest chunk is not abandoned (heat hardly decays: it is the new data
     set's own), a refused chunk read before takes the room of the least recently read
-    abandoned one (ChunkCache._abandoned_room); one that cannot go (pinned, being written)
+    abandoned one (ChunkCache._yielded_room); one that cannot go (pinned, being written)
     moves to the back."""
     adm = Admission(1e9, 10)  # a gap counts as at least MIN_GAP x 10 = 15 accesses: 3 x 15
     rec = ChunkRecord(CHUNK, 1.0, 0.0, ())
@@ -315,17 +316,104 @@ def test_the_least_recently_read_abandoned_chunk_is_offered_to_a_chunk_read_befo
         adm.read(key, rec)
         adm.accessed()
     anything = lambda key: True  # noqa: E731
-    assert adm.abandoned(x, anything) is None  # x was never read: no claim
+    assert adm.yielding(x, anything, False) is None  # x was never read: no claim
     adm.refused(x, 0.0)
     for _ in range(50 - 7):
         adm.accessed()
-    assert adm.abandoned(x, anything) is None  # b, the least recently read: 45 ago
+    assert adm.yielding(x, anything, False) is None  # b, the least recently read: 45 ago
     adm.accessed()
-    assert adm.abandoned(x, anything) == b  # 46 > 3 x 15
+    assert adm.yielding(x, anything, False) == b  # 46 > 3 x 15
     adm.accessed()
-    assert adm.abandoned(x, lambda key: key != b) == c  # b cannot go: to the back
+    assert adm.yielding(x, lambda key: key != b, False) == c  # b cannot go: to the back
     adm.dropped(c)
-    assert adm.abandoned(x, anything) is None  # a, read at 7, is next: 45 ago
+    assert adm.yielding(x, anything, False) is None  # a, read at 7, is next: 45 ago
+
+
+def test_lru_shadow_holds_the_keys_plain_lru_would():
+    lru = LruShadow(2)
+    a, b, c = (bytes([n]) * 20 for n in b"abc")
+    assert [lru.access(k) for k in (a, b, a, c)] == [False, False, True, False]
+    assert a in lru and c in lru and b not in lru  # b, the least recently used, went
+    assert lru.access(b) is False and a not in lru
+
+
+def test_the_cache_trails_lru_by_misses_lru_would_hit_less_hits_it_would_miss():
+    """+1 for a miss LRU would have hit, -1 for a hit it would have missed, fading by
+    1/chunks per access; trailing above TRAILING x chunks."""
+    adm = Admission(1e9, 50)  # trailing above 1 (TRAILING 0.02 x 50 chunks)
+    assert TRAILING == 0.02
+    rec = ChunkRecord(CHUNK, 1.0, 0.0, ())
+    a, b, c = (bytes([n]) * 20 for n in b"abc")
+    assert adm.missed(a) is False and adm.trail == 0  # new to LRU too
+    adm.accessed()
+    assert adm.missed(a) is True and adm.trail == 1  # LRU would have hit: the cache did not
+    adm.accessed()
+    assert adm.trail == pytest.approx(0.98) and not adm.trailing
+    assert adm.missed(a) and adm.trailing
+    adm.read(c, rec)  # a hit on a chunk LRU would not hold
+    assert adm.trail == pytest.approx(0.98) and not adm.trailing
+    adm.entry_heat(b, Fill.WRITTEN, 0.0)  # LRU stores written (and warmed) chunks
+    adm.read(b, rec)  # so LRU would hit it as well: no change
+    assert adm.trail == pytest.approx(0.98)
+
+
+def test_while_the_cache_trails_lru_a_refused_chunk_takes_the_room_lru_let_go():
+    """The least recently read cached chunk, only once LRU no longer holds it, only for a
+    chunk LRU would hit or never read before, and only while trailing."""
+    adm = Admission(1e9, 4, high=0.75)  # LRU's shadow holds 3 keys
+    rec = ChunkRecord(CHUNK, 1.0, 0.0, ())
+    a, b, x, y, z = (bytes([n]) * 20 for n in b"abxyz")
+    anything = lambda key: True  # noqa: E731
+    for key in (a, b):  # cached: stored, then read once each
+        adm.entry_heat(key, Fill.READ, 0.0)
+        adm.lru.access(key)
+    for key in (b, a):
+        adm.read(key, rec)
+        adm.accessed()
+    adm.refused(x, 0.0)  # x was read before (its history), not LRU-hit yet
+    assert adm.yielding(x, anything, False) is None  # not trailing
+    adm.trail = 1.0  # trailing (TRAILING x 4 = 0.08)
+    assert adm.yielding(x, anything, False) is None  # read before, LRU would not hit it
+    assert adm.yielding(x, anything, True) is None  # b, least recently read: LRU holds it
+    adm.missed(y)
+    adm.missed(z)  # LRU holds a (read last), y and z: b went
+    assert b not in adm.lru and a in adm.lru
+    assert adm.yielding(x, anything, True) == b
+    assert adm.yielding(bytes(20), anything, False) == b  # never read before: new data
+    assert adm.yielding(x, lambda key: key != b, True) is None  # b cannot go; a is in LRU
+    adm.trail = 0.0
+    assert adm.yielding(x, anything, True) is None
+
+
+async def test_the_next_job_is_cached_as_lru_caches_it(tmp_path, monkeypatch):
+    """Job 1 reads its 14 chunks 3 times; job 2 reads 14 others 4 times, no time passing
+    (heat does not fade, no chunk is abandoned yet). Heat alone keeps job 1's set (read 3
+    times against 1-2): job 2 gets the free room only. LRU would hit job 2's 2nd epoch,
+    which the cache misses: trailing LRU, job 2's chunks take the room of job 1's, which
+    LRU let go, and its 3rd and 4th epochs hit in full."""
+    per_epoch = {}
+    for trailing in (TRAILING, float("inf")):
+        monkeypatch.setattr(admission, "TRAILING", trailing)
+        rig = make_cache(str(tmp_path / str(trailing)), cache_size=N * CHUNK, memory_bytes=0,
+                         half_life=1e9)
+        hits = []
+        try:
+            for job in ("one", "two"):
+                o = obj(job, N - 2)
+                for _ in range(3 if job == "one" else 4):
+                    n = 0
+                    for i in range(N - 2):
+                        if await rig.cache.read(o.chunk_key(i), 0, 0, touch=True):
+                            n += 1
+                        else:
+                            await rig.cache.fill(o, o.chunk_key(i), payload(i))
+                    hits.append(n)
+            per_epoch[trailing] = hits
+        finally:
+            rig.close()
+    assert per_epoch[TRAILING][:3] == per_epoch[float("inf")][:3] == [0, 14, 14]
+    assert per_epoch[float("inf")][3:] == [0, 1, 1, 1]  # the free room (15 - 14) only
+    assert per_epoch[TRAILING][3:5] == [0, 1] and per_epoch[TRAILING][5:] == [14, 14]
 
 
 async def test_refused_fills_do_not_sort_the_index_each_time(tmp_path):
@@ -368,10 +456,14 @@ async def test_refused_fills_do_not_sort_the_index_each_time(tmp_path):
         rig.close()
 
 
-async def test_an_unread_written_chunk_gives_way_only_to_a_chunk_read_more(tmp_path):
+async def test_an_unread_written_chunk_gives_way_only_to_a_chunk_read_more(tmp_path,
+                                                                          monkeypatch):
     # written chunks are stored at heat 0 (heat counts reads) and rank as UNREAD_WRITTEN
     # reads at their write: a reader's chunk gets their room once it was read more than
-    # MARGIN times that while out of the cache (and the oldest written go first)
+    # MARGIN times that while out of the cache (and the oldest written go first). The
+    # comparison alone: in a cache of 16 chunks, one miss LRU would hit makes the cache
+    # trail LRU, and this chunk would get the room at its 3rd read (tested below)
+    monkeypatch.setattr(admission, "TRAILING", float("inf"))
     rig = make_cache(str(tmp_path), cache_size=N * CHUNK, memory_bytes=0)
     ckpt, data = obj("ckpt", N - 1), obj("data", 1)
     try:

@@ -111,8 +111,8 @@ def make_cache(root: str, *, cache_size: int, memory_bytes: int = 0, block_size:
     evictor = Evictor(root, cache_size=cache_size, min_free_ratio=min_free_ratio, high=high,
                       low=low, half_life=half_life, statvfs=statvfs)
     memory = MemoryTier(memory_bytes)
-    # history sized as the daemon sizes it, for chunks of one block
-    admission = Admission(half_life, cache_size // block_size)
+    # history and LRU's shadow sized as the daemon sizes them, for chunks of one block
+    admission = Admission(half_life, cache_size // block_size, high)
     cache = ChunkCache(meta, disk, memory, evictor, metrics, admission=admission, clock=clock)
     return CacheRig(root, meta, disk, memory, evictor, cache, metrics, clock)
 

@@ -304,8 +304,10 @@ class ChunkCache:
             yield None
             return
         now = self._clock()
+        lru_hit = False  # plain LRU would have hit this reader's chunk (admission.py)
         if kind is Fill.READ:
             self._last_read = now
+            lru_hit = self.admission.missed(ckey)
         self._accessed(now)
         self._writing.add(ckey)
         tenant = self._oid_tenant.get(ckey[:16]) or self.tenants.of(obj.key)
@@ -316,7 +318,7 @@ class ChunkCache:
             # global eviction's awaits (other fills of the tenant may have come in)
             reader = ckey if kind is Fill.READ else None  # the chunk admission decides on
             if not held and not (await self._admit(tenant, length, reader)
-                                  and await self._make_room(length, reader, tenant)
+                                  and await self._make_room(length, reader, tenant, lru_hit)
                                   and self._within_hard(tenant, length)):
                 yield None
                 return
@@ -343,16 +345,16 @@ class ChunkCache:
             self._publish()
 
     async def _make_room(self, incoming: int, reader: bytes | None = None,
-                         tenant: str = DEFAULT) -> bool:
+                         tenant: str = DEFAULT, lru_hit: bool = False) -> bool:
         known = self._known_coldest(None) if reader is not None else None
         if known is not None and self.evictor.must_evict(
                 self._used + self._reserved + self._dirty, incoming) and self._refuses(
                 reader, incoming, known, tenant):
-            return await self._abandoned_room(reader, incoming)
+            return await self._yielded_room(reader, incoming, lru_hit)
         victims, fits = self._victims(incoming)
         if self._refuses(reader, incoming, self._remember_coldest(None, victims), tenant):
             assert reader is not None
-            return await self._abandoned_room(reader, incoming)
+            return await self._yielded_room(reader, incoming, lru_hit)
         for key in victims:
             await self.drop(key, evicted=True)
         if not fits and not self._full_logged:
@@ -361,15 +363,15 @@ class ChunkCache:
             self._full_logged = True
         return fits
 
-    async def _abandoned_room(self, ckey: bytes, incoming: int) -> bool:
-        """A reader's chunk the comparison refused takes the room of abandoned chunks, least
-        recently read first (admission.py), if that frees `incoming` bytes; else it is
-        refused: counted, its read remembered, and a budget the free-space guard shrank is
-        kept."""
+    async def _yielded_room(self, ckey: bytes, incoming: int, lru_hit: bool) -> bool:
+        """A reader's chunk the comparison refused takes the room of chunks that yield it
+        (abandoned ones, or those plain LRU let go while the cache trails it: admission.py
+        `yielding`), if that frees `incoming` bytes; else it is refused: counted, its read
+        remembered, and a budget the free-space guard shrank is kept."""
         freed = 0
         while freed < incoming:
-            victim = self.admission.abandoned(
-                ckey, lambda k: k not in self._writing and k[:16] not in self.pins)
+            victim = self.admission.yielding(
+                ckey, lambda k: k not in self._writing and k[:16] not in self.pins, lru_hit)
             if victim is None:
                 break
             freed += self._index[victim].length
@@ -415,7 +417,7 @@ class ChunkCache:
                  tenant: str) -> bool:
         """Whether the admission policy keeps a reader's chunk `ckey` (`length` bytes, of
         `tenant`) out rather than evict `victim` (the coldest of those to go) for it (then
-        _abandoned_room). Other fills (ckey None) are not the policy's, nor a victim of
+        _yielded_room). Other fills (ckey None) are not the policy's, nor a victim of
         another tenant above its soft share: the operator's shares come before heat."""
         if ckey is None or victim is None:
             return False

@@ -43,10 +43,25 @@ queue abandons nothing, and reads a moment apart by several handles are no perio
 loop's chunk is read every epoch, so it is never that late; a chunk not read twice since
 it was stored (or since a restart) has no gap and is not judged this way.
 
-History and gaps are bounded (HISTORY_FACTOR x the cache's chunk count, at most
-HISTORY_MAX entries, oldest forgotten first; a gap per cached chunk) and live in memory:
-after a restart a loop's chunks are new again and the first epoch admits nothing past the
-cache's free room.
+Where recency does better: heat keeps what was read most, which loses to plain LRU when the
+workload moves on before the old reads stop counting: the next job's data set, read a few
+times, against the last job's, read many (bench/evict.py `jobs`, 0.62x LRU with abandonment
+alone: the new set was cached from its 3rd epoch at best). So Admission keeps a shadow of
+plain LRU, the keys only, as many as the cache holds (`LruShadow`), and counts how far the
+cache trails it (`trail`): +1 for a reader's miss LRU would have hit (`missed`), -1 for a
+hit LRU would have missed (`read`), the count fading by 1/chunks per chunk access (about
+a cache-full of accesses). While the cache trails LRU by more than TRAILING of its chunks,
+a reader's chunk the comparison refused takes the room LRU would have taken for it, if
+LRU would hit it or it is new data (never read before, where LRU starts to cache): the
+least recently read cached chunk that LRU no longer holds. Loops over more than the cache,
+scans and checkpoint cycles are where the cache leads LRU (the trail stays below 0), so
+they keep their heat rules; a new job is where it trails, and from its 2nd epoch it is
+cached as LRU caches it (the first epoch looks like a one-shot scan, which must not push
+out a hot set: hot+scans).
+
+History, gaps and the shadow are bounded (HISTORY_FACTOR x the cache's chunk count, at most
+HISTORY_MAX entries, oldest forgotten first; a gap per cached chunk; the shadow's capacity) and live in memory: after a restart a loop's chunks are
+new again and the first epoch admits nothing past the cache's free room.
 """
 
 from __future__ import annotations
@@ -72,6 +87,11 @@ HISTORY_MAX = 1 << 20  # at most (~100 MB of dict at 1 M entries)
 # chunk of a loop over 2 C seen once a short gap apart), 2 gave jobs 0.46x at 20 s
 ABANDONED = 3.0
 MIN_GAP = 1.5
+# the cache trails plain LRU (module doc) while LRU's extra hits, fading over a cache-full
+# of accesses, pass this share of its chunks: bench/evict.py jobs 0.62x -> 0.91x OPT, the
+# rest as they were (seeds 1-5); 0.01 let a shuffled loop's noise trip it (seed 2:
+# epochs-shuffled 0.97x), 0 more so (0.95x, checkpoints 0.75x at 20 s), 0.05 jobs 0.89x
+TRAILING = 0.02
 
 
 class Fill(enum.Enum):
@@ -108,13 +128,39 @@ class History:
         return self._seen.pop(ckey, None)
 
 
-class Admission:
-    """The policy (module doc). `chunks`: the cache's size in chunks (sizes the history)."""
+class LruShadow:
+    """The keys plain LRU of `size` chunks would hold (no data): which reads it would hit."""
 
-    def __init__(self, half_life: float, chunks: int) -> None:
+    def __init__(self, size: int) -> None:
+        self.size = max(1, min(size, HISTORY_MAX))
+        self._keys: OrderedDict[bytes, None] = OrderedDict()
+
+    def __contains__(self, ckey: bytes) -> bool:
+        return ckey in self._keys
+
+    def access(self, ckey: bytes) -> bool:
+        """LRU reads or stores `ckey`: whether it held it (a hit)."""
+        held = ckey in self._keys
+        self._keys[ckey] = None
+        self._keys.move_to_end(ckey)
+        if len(self._keys) > self.size:
+            self._keys.popitem(last=False)
+        return held
+
+
+class Admission:
+    """The policy (module doc). `chunks`: the cache's size in chunks (sizes the history);
+    `high`: the share of it the cache fills at most (the eviction high watermark: LRU's
+    shadow holds as many)."""
+
+    def __init__(self, half_life: float, chunks: int, high: float = 1.0) -> None:
         self.half_life = half_life
-        self.chunks = chunks
-        self.history = History(half_life, HISTORY_FACTOR * chunks)
+        self.chunks = max(1, chunks)
+        self.history = History(half_life, HISTORY_FACTOR * self.chunks)
+        self.lru = LruShadow(int(high * self.chunks))
+        # LRU's hits beyond the cache's (module doc), fading by 1/chunks per access
+        self.trail = 0.0
+        self._fade = 1.0 - 1.0 / self.chunks
         self.accesses = 0  # chunk accesses counted (`accessed`): the clock of read gaps
         # cached chunks not read twice since stored: accesses at the store or the one read
         self._once: dict[bytes, int] = {}
@@ -153,11 +199,26 @@ class Admission:
     def accessed(self) -> None:
         """One chunk access (a reader's touch or a fill), as heat.HalfLife counts them."""
         self.accesses += 1
+        self.trail *= self._fade
+
+    def missed(self, ckey: bytes) -> bool:
+        """A reader's chunk not in the cache is fetched (before `accessed`): whether plain
+        LRU would have hit it (`yielding` takes that)."""
+        hit = self.lru.access(ckey)
+        self.trail += hit
+        return hit
+
+    @property
+    def trailing(self) -> bool:
+        """Whether plain LRU has lately hit clearly more than the cache (module doc)."""
+        return self.trail > TRAILING * self.chunks
 
     def read(self, ckey: bytes, rec: ChunkRecord) -> None:
         """A reader's access to cached chunk `rec`, before its heat changes and before the
         access is counted (`accessed`, next): the gap since its last read (not since a
-        written chunk's store, nor since a restart)."""
+        written chunk's store, nor since a restart); and LRU's view of it."""
+        if not self.lru.access(ckey):
+            self.trail -= 1.0
         this = self.accesses + 1
         if ckey in self._gaps:
             gap, last = self._gaps.pop(ckey)
@@ -172,12 +233,26 @@ class Admission:
     def _stopped(self, gap: int, last: int) -> bool:
         return self.accesses - last > ABANDONED * max(gap, MIN_GAP * self.chunks)
 
-    def abandoned(self, ckey: bytes, evictable: Callable[[bytes], bool]) -> bytes | None:
-        """The least recently read abandoned chunk, if `ckey` (a reader's chunk the
-        comparison refused) was read before: its room is the reader's (module doc). One that
-        `evictable` turns down (pinned, being written) goes to the back of the order."""
-        if self.history.last(ckey) is None:
-            return None
+    def yielding(self, ckey: bytes, evictable: Callable[[bytes], bool],
+                 lru_hit: bool) -> bytes | None:
+        """The cached chunk whose room `ckey` takes, a reader's chunk the comparison refused
+        (module doc; `lru_hit`: `missed` said plain LRU would hit it), if any: the least
+        recently read abandoned chunk, if `ckey` was read before; else, while the cache
+        trails LRU and LRU would hit `ckey` or it is new data, the least recently read
+        chunk if LRU no longer holds it. One that `evictable` turns down (pinned, being
+        written) goes to the back of the order."""
+        known = self.history.last(ckey) is not None
+        if known:
+            victim = self._abandoned(evictable)
+            if victim is not None:
+                return victim
+        if self.trailing and (lru_hit or not known):
+            victim = self._least_recently_read(evictable)
+            if victim is not None and victim not in self.lru:
+                return victim
+        return None
+
+    def _abandoned(self, evictable: Callable[[bytes], bool]) -> bytes | None:
         for _ in range(len(self._gaps)):
             vkey, (gap, last) = next(iter(self._gaps.items()))
             if not self._stopped(gap, last):
@@ -186,6 +261,19 @@ class Admission:
                 return vkey
             self._gaps.move_to_end(vkey)
         return None
+
+    def _least_recently_read(self, evictable: Callable[[bytes], bool]) -> bytes | None:
+        """Of the cached chunks (`_once` and `_gaps`, each in read order)."""
+        fronts = []
+        for order in (self._once, self._gaps):
+            for _ in range(len(order)):
+                vkey = next(iter(order))
+                if evictable(vkey):
+                    last = order[vkey]
+                    fronts.append((last if isinstance(last, int) else last[1], vkey))
+                    break
+                order[vkey] = order.pop(vkey)  # to the back
+        return min(fronts)[1] if fronts else None
 
     def dropped(self, ckey: bytes) -> None:
         """A chunk left the cache (evicted or not): its gaps go."""
@@ -198,6 +286,8 @@ class Admission:
     def entry_heat(self, ckey: bytes, kind: Fill, now: float) -> float:
         """The heat a chunk is indexed with (module doc); its history is over."""
         past = self.history.forget(ckey)
+        if kind is not Fill.READ:  # LRU stores what is written or warmed too (`missed`: read)
+            self.lru.access(ckey)
         self._gaps.pop(ckey, None)
         self._once[ckey] = self.accesses
         if kind is Fill.WRITTEN:
