@@ -147,7 +147,30 @@ def jobs(cache: int, rng: random.Random, *, size: float = 0.8, count: int = 3,
             rng.shuffle(data)
             b.read(data)
     return b.trace("jobs", f"{count} jobs in a row, each {epochs} shuffled epochs over a data "
-                   f"set of its own of {size}x the cache")
+                   f"set of its own of {size}x the cache (a new job's first epoch reads as "
+                   "epochs+pass's pass: a policy that caches it as LRU does loses there what "
+                   "LRU loses)")
+
+
+def epochs_and_pass(cache: int, rng: random.Random, *, size: float = 0.8, before: int = 4,
+                    after: int = 4) -> Trace:
+    """(f) a job's shuffled epochs over `size` x the cache, with a one-shot pass over as many
+    new chunks after the `before`th (an evaluation or preprocessing read). Up to the end
+    of the pass, the same accesses as `jobs` up to the end of its second job's first epoch
+    (same seed, same ids): an online policy decides the same on both."""
+    b = _Builder()
+    data = b.fresh(int(size * cache))
+    for epoch in range(before + after):
+        if epoch == before:
+            once = b.fresh(int(size * cache))
+            rng.shuffle(once)
+            b.read(once)
+        data = data[:]
+        rng.shuffle(data)
+        b.read(data)
+    return b.trace("epochs+pass", f"{before + after} shuffled epochs over {size}x the cache, "
+                   f"a one-shot pass over {size}x new chunks after the {before}th: to the "
+                   "pass's end the same accesses as jobs")
 
 
 def hot_and_scans(cache: int, rng: random.Random, *, readers: int, hot: float = 0.25,
@@ -225,6 +248,7 @@ TRACES: dict[str, Callable[[int, random.Random], Trace]] = {
     "checkpoints": checkpoints,
     "zipf": zipf,
     "jobs": jobs,
+    "epochs+pass": epochs_and_pass,
 }
 
 

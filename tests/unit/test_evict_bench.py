@@ -117,6 +117,20 @@ def test_admission_keeps_a_loop_where_lru_keeps_nothing():
     assert row.tierfs.hits == row.opt.hits > 0
 
 
+def test_a_new_jobs_first_epoch_is_a_one_shot_pass_until_it_ends():
+    """jobs and epochs+pass are the same accesses up to the end of the second job's first
+    epoch, the pass (same seed): tierfs hits the same there on both. Caching that epoch,
+    as LRU does, would cost epochs+pass's job as much of its set as it costs LRU's."""
+    shape = evict.Shape(100)
+    jobs, other = (evict.make_trace(name, 100, seed=3) for name in ("jobs", "epochs+pass"))
+    end = 5 * 80  # 4 epochs over 80 chunks, then 80 new chunks once
+    assert jobs.chunks[:end] == other.chunks[:end] and jobs.chunks[end:] != other.chunks[end:]
+    a, b = evict.replay_tierfs(jobs, shape), evict.replay_tierfs(other, shape)
+    assert a.hit[:end] == b.hit[:end]
+    row = evict.measure(other, shape)
+    assert row.tierfs.hits == row.opt.hits > row.lru.hits
+
+
 @pytest.mark.parametrize("fill_time", [20.0, 8192.0])
 @pytest.mark.parametrize("name", list(evict.TRACES))
 def test_opt_bounds_tierfs_and_lru_on_every_trace(name, fill_time):

@@ -12,9 +12,9 @@ import pytest
 import trio
 
 from tierfs.cache import Fill, admission
-from tierfs.cache.admission import (ABANDONED, MARGIN, MIN_GAP, TRAILING, Admission,
-                                    LruShadow)
-from tierfs.cache.heat import UNREAD_WRITTEN
+from tierfs.cache.admission import (ABANDONED, MARGIN, MIN_GAP, RESTORED_KEPT, TRAILING,
+                                    Admission, LruShadow)
+from tierfs.cache.heat import RESTORED, UNREAD_WRITTEN
 from tierfs.cache.keys import ObjectVersion
 from tierfs.meta import ChunkRecord
 
@@ -414,6 +414,29 @@ async def test_the_next_job_is_cached_as_lru_caches_it(tmp_path, monkeypatch):
     assert per_epoch[TRAILING][:3] == per_epoch[float("inf")][:3] == [0, 14, 14]
     assert per_epoch[float("inf")][3:] == [0, 1, 1, 1]  # the free room (15 - 14) only
     assert per_epoch[TRAILING][3:5] == [0, 1] and per_epoch[TRAILING][5:] == [14, 14]
+
+
+def test_a_restored_checkpoints_room_is_kept_from_readers_for_the_next_save():
+    """For RESTORED_KEPT (1.25) cache-fulls of accesses after its restore, a written chunk
+    read once is not the room of a reader's chunk however often that one was read; after,
+    the comparison decides (a restored chunk ranks below one read)."""
+    assert RESTORED_KEPT == 1.25
+    adm = Admission(1e9, 8)  # kept for 10 accesses
+    w, x = bytes(20), b"x" * 20
+    adm.entry_heat(w, Fill.WRITTEN, 0.0)
+    adm.read(w, ChunkRecord(CHUNK, 0.0, 0.0, ()))  # the restore, at access 1
+    adm.accessed()
+    restored = ChunkRecord(CHUNK, RESTORED, 0.0, ())
+    for _ in range(9):  # x read 9 times while out of the cache: heat 9
+        adm.refused(x, 0.0)
+        assert not adm.admits(x, CHUNK, w, restored, 0.0)
+        adm.accessed()
+    assert adm.accesses == 10 and not adm.admits(x, CHUNK, w, restored, 0.0)
+    adm.accessed()  # 10 accesses after the restore
+    assert adm.admits(x, CHUNK, w, restored, 0.0)
+    # a chunk read twice since it was written is data like any other: no room kept
+    adm.read(w, restored)
+    assert adm.admits(x, CHUNK, w, ChunkRecord(CHUNK, RESTORED + 1, 0.0, ()), 0.0)
 
 
 async def test_refused_fills_do_not_sort_the_index_each_time(tmp_path):

@@ -24,9 +24,9 @@ def test_a_slow_node_gets_a_longer_one_and_back_when_it_speeds_up():
     assert changes == [False] * 99 + [True]  # once, at the cache's worth
     # the window's time: the gap from the last access before it (0.5 s) and 99 of 60 s
     assert clock.value == PER_CACHE * (0.5 + 99 * 60.0)
-    now, changes = read_cache(clock, now, 1.0)
+    now, changes = read_cache(clock, now, 0.5)  # (60 + 99 x 0.5 s) x PER_CACHE < H
     assert clock.value == H and changes[-1]
-    now, changes = read_cache(clock, now, 1.0)
+    now, changes = read_cache(clock, now, 0.5)
     assert not any(changes)  # unchanged: not reported
 
 
@@ -35,7 +35,7 @@ def test_an_idle_night_is_not_a_slow_node():
     now, _ = read_cache(clock, 0.0, 1.0)
     now, _ = read_cache(clock, now + 12 * 3600, 1.0)  # 12 h without a read, then fast
     # the 12 h count as one configured half-life: (1800 + 99 s of reads) x PER_CACHE, where
-    # counting them would have given 21 h
+    # counting them would have given (12 h + 99 s) x PER_CACHE
     assert clock.value == PER_CACHE * (H + 99.0)
     now, _ = read_cache(clock, now, 1.0)
     assert clock.value == H

@@ -30,6 +30,10 @@ heat plus this read; a warmed one with 1 (it is there to be read); a written one
 (heat counts reads), which eviction and admission rank as UNREAD_WRITTEN reads at its
 write (heat.py): the last checkpoint is kept for its restore, and the room of written
 chunks read at most once is what the next writes take first (ChunkCache.reserve_dirty).
+So a restored checkpoint's room is kept from readers for RESTORED_KEPT cache-fulls of
+accesses after its restore, for the job's next save: taken by readers, it made each save
+push out a batch of the data set, which readers then refilled (bench/evict.py
+checkpoints at 20 s: 0.80x OPT, 0.87x with it).
 
 Reads that stopped: comparing heats keeps the last job's data set, read many times, against
 the next job's, read a few times so far, for about 3 half-lives (bench/evict.py `jobs`). So
@@ -71,7 +75,7 @@ from collections import OrderedDict
 from typing import Callable
 
 from ..meta import ChunkRecord
-from .heat import decayed, ranked, value
+from .heat import RESTORED, decayed, ranked, value
 
 STALE = 1 / 1024  # a victim's decayed heat below this yields to any chunk
 # chunks read equally often must not displace each other on timing: bench/evict.py,
@@ -87,6 +91,10 @@ HISTORY_MAX = 1 << 20  # at most (~100 MB of dict at 1 M entries)
 # chunk of a loop over 2 C seen once a short gap apart), 2 gave jobs 0.46x at 20 s
 ABANDONED = 3.0
 MIN_GAP = 1.5
+# a restored checkpoint's room is kept from readers for this many cache-fulls of chunk
+# accesses after its restore (module doc): bench/evict.py checkpoints 0.80x -> 0.87x OPT at
+# 20 s (0.76x -> 0.87x at every clock with heat.PER_CACHE 12); 1 and 2 the same
+RESTORED_KEPT = 1.25
 # the cache trails plain LRU (module doc) while LRU's extra hits, fading over a cache-full
 # of accesses, pass this share of its chunks: bench/evict.py jobs 0.62x -> 0.91x OPT, the
 # rest as they were (seeds 1-5); 0.01 let a shuffled loop's noise trip it (seed 2:
@@ -181,6 +189,9 @@ class Admission:
         UNREAD_WRITTEN reads before that (heat.ranked)."""
         if decayed(max(victim.heat, 1.0), victim.last_access, now, self.half_life) < STALE:
             return True
+        if victim.heat == RESTORED and vkey in self._once and \
+                self.accesses - self._once[vkey] < RESTORED_KEPT * self.chunks:
+            return False  # the next save's room (module doc)
         past = self.history.last(ckey)
         if past is None:
             return False

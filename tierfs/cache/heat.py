@@ -64,9 +64,14 @@ def eviction_order(heat: float, last_access: float, half_life: float, length: in
     return math.log2(value(ranked(heat), length)) + last_access / half_life
 
 
-# half-lives, at least, per cache's worth of chunk accesses: the default's own ratio (30 min
-# against a 1 TiB cache read at 1 GiB/s, 1024 s), the clock bench/evict.py's policy is tuned at
-PER_CACHE = 1.75
+# half-lives, at least, per cache's worth of chunk accesses: heat remembers about as many
+# cache-fulls of reads as TinyLFU's sample (10 x the cache). bench/evict.py zipf 0.87x ->
+# 0.91x OPT at 1024 s (a chunk of rank ~950 is read 0.19 times a 1.75-cache half-life:
+# too rarely for heat to rank it), the rest as they were with admission.RESTORED_KEPT
+# (without it, checkpoints 0.76x); 8 gave zipf 0.90x, 16 as 12. It was 1.75 (the default's
+# own ratio: 30 min against a 1 TiB cache read at 1 GiB/s), when heat decay was also how a
+# new job's data set got in: now abandonment and trailing LRU do that (admission.py)
+PER_CACHE = 12.0
 
 
 class HalfLife:
