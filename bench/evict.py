@@ -12,7 +12,8 @@ from a statvfs stub with plenty of free space, so the budget is the cache size; 
 high/low watermarks); a reader's chunk that would evict is then put to the admission
 policy (refused: not cached, its read remembered); a stored chunk is indexed at its entry
 heat (a write at 0), the heat's half-life following the read rate (heat.HalfLife) as
-ChunkCache's does. A write reserves room for its unsaved staging copy (`reserve_dirty`);
+ChunkCache's does; a new Slurm job's first open is told to admission (Admission.job_opened)
+as FileIO.open tells it. A write reserves room for its unsaved staging copy (`reserve_dirty`);
 when its object's writes end (the file is uploaded) its chunks move into the cache, last
 first, each into the room its staging copy held (`fill(held=)`), as the write path does.
 An injected clock advances by fill_time / cache chunks per access.
@@ -80,6 +81,9 @@ class Trace:
     chunks: list[int]
     writes: list[bool]
     informed: Informed | None = None
+    # accesses before which a Slurm job not seen before opens its first file
+    # (Admission.job_opened, as FileIO.open tells it): every trace starts with one
+    jobs: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if len(self.chunks) != len(self.writes):
@@ -101,7 +105,13 @@ class _Builder:
     def __init__(self) -> None:
         self.chunks: list[int] = []
         self.writes: list[bool] = []
+        self.jobs: list[int] = [0]  # the job that reads the trace
         self._next = 0
+
+    def job(self) -> None:
+        """A new Slurm job opens its first file before the next access."""
+        if self.jobs[-1] != len(self.chunks):
+            self.jobs.append(len(self.chunks))
 
     def fresh(self, n: int) -> list[int]:
         ids = list(range(self._next, self._next + n))
@@ -117,7 +127,7 @@ class _Builder:
         self.writes.extend([True] * len(ids))
 
     def trace(self, name: str, what: str, informed: Informed | None = None) -> Trace:
-        return Trace(name, what, self.chunks, self.writes, informed)
+        return Trace(name, what, self.chunks, self.writes, informed, tuple(self.jobs))
 
 
 def epochs(cache: int, rng: random.Random, *, shuffled: bool = False, size: float = 1.5,
@@ -141,6 +151,7 @@ def jobs(cache: int, rng: random.Random, *, size: float = 0.8, count: int = 3,
     a data set of its own of `size` x the cache."""
     b = _Builder()
     for _ in range(count):
+        b.job()
         data = b.fresh(int(size * cache))
         for _ in range(epochs):
             data = data[:]
@@ -389,8 +400,11 @@ def replay_tierfs(trace: Trace, shape: Shape) -> Replay:
         staged.clear()
         return used, generation
 
+    jobs = set(trace.jobs)
     for i, (cid, write) in enumerate(zip(trace.chunks, trace.writes)):
         now = START + i * shape.step
+        if i in jobs:  # FileIO.open
+            admission.job_opened(f"job:{i}")
         if writing is not None and not (write and cid // OBJECT_CHUNKS == writing):
             used, generation = uploaded(now, used, generation)  # the file is closed
             writing = None

@@ -18,7 +18,8 @@ from tierfs.cache.heat import RESTORED, UNREAD_WRITTEN
 from tierfs.cache.keys import ObjectVersion
 from tierfs.meta import ChunkRecord
 
-from unitkit import chunk_files, make_cache, sample, statvfs_result
+from tierfs.callers import Callers
+from unitkit import chunk_files, core, make_cache, resolve, sample, statvfs_result, write
 
 CHUNK = 4096  # one checksum block per chunk keeps the arithmetic obvious
 N = 16  # cache_size in chunks
@@ -385,12 +386,14 @@ def test_while_the_cache_trails_lru_a_refused_chunk_takes_the_room_lru_let_go():
     assert adm.yielding(x, anything, True) is None
 
 
-async def test_the_next_job_is_cached_as_lru_caches_it(tmp_path, monkeypatch):
+@pytest.mark.parametrize("told", [False, True])
+async def test_the_next_job_is_cached_as_lru_caches_it(tmp_path, monkeypatch, told):
     """Job 1 reads its 14 chunks 3 times; job 2 reads 14 others 4 times, no time passing
     (heat does not fade, no chunk is abandoned yet). Heat alone keeps job 1's set (read 3
     times against 1-2): job 2 gets the free room only. LRU would hit job 2's 2nd epoch,
     which the cache misses: trailing LRU, job 2's chunks take the room of job 1's, which
-    LRU let go, and its 3rd and 4th epochs hit in full."""
+    LRU let go, and its 3rd and 4th epochs hit in full. Told that job 2 started (its first
+    open, FileIO -> Admission.job_opened), the cache takes its 1st epoch in as LRU does."""
     per_epoch = {}
     for trailing in (TRAILING, float("inf")):
         monkeypatch.setattr(admission, "TRAILING", trailing)
@@ -399,6 +402,8 @@ async def test_the_next_job_is_cached_as_lru_caches_it(tmp_path, monkeypatch):
         hits = []
         try:
             for job in ("one", "two"):
+                if told:
+                    rig.cache.admission.job_opened(f"job:{job}")
                 o = obj(job, N - 2)
                 for _ in range(3 if job == "one" else 4):
                     n = 0
@@ -412,6 +417,9 @@ async def test_the_next_job_is_cached_as_lru_caches_it(tmp_path, monkeypatch):
         finally:
             rig.close()
     assert per_epoch[TRAILING][:3] == per_epoch[float("inf")][:3] == [0, 14, 14]
+    if told:  # as LRU, whatever the count says
+        assert per_epoch[TRAILING][3:] == per_epoch[float("inf")][3:] == [0, 14, 14, 14]
+        return
     assert per_epoch[float("inf")][3:] == [0, 1, 1, 1]  # the free room (15 - 14) only
     assert per_epoch[TRAILING][3:5] == [0, 1] and per_epoch[TRAILING][5:] == [14, 14]
 
@@ -437,6 +445,60 @@ def test_a_restored_checkpoints_room_is_kept_from_readers_for_the_next_save():
     # a chunk read twice since it was written is data like any other: no room kept
     adm.read(w, restored)
     assert adm.admits(x, CHUNK, w, ChunkRecord(CHUNK, RESTORED + 1, 0.0, ()), 0.0)
+
+
+def test_a_new_jobs_data_takes_the_room_lru_let_go_of_chunks_not_read_since_it_started():
+    """For a cache-full of accesses after a Slurm job or pod not seen before opens its first
+    file, a chunk never read before takes the room of the least recently read chunk, if
+    LRU no longer holds it and it was not read since the job started. A chunk read before
+    does not (its claim is the count's), nor do users' reads, nor a job seen already."""
+    adm = Admission(1e9, 4, high=0.75)  # LRU's shadow holds 3 keys
+    rec = ChunkRecord(CHUNK, 1.0, 0.0, ())
+    a, b, c, new, old = (bytes([n]) * 20 for n in b"abcno")
+    anything = lambda key: True  # noqa: E731
+    for key in (a, b, c):  # cached at accesses 0, 1, 2
+        adm.entry_heat(key, Fill.READ, 0.0)
+        adm.lru.access(key)
+        adm.accessed()
+    adm.refused(old, 0.0)  # read before
+    for key in (b"x" * 20, b"y" * 20, b"z" * 20):
+        adm.missed(key)  # LRU now holds x, y, z only
+    assert not adm.trailing and adm.yielding(new, anything, False) is None
+    adm.job_opened("uid:1000")
+    assert adm.new_job_at == -1 and adm.yielding(new, anything, False) is None
+    adm.job_opened("job:7")
+    assert adm.new_job_at == 3
+    assert adm.yielding(old, anything, False) is None  # read before: not the new job's data
+    assert adm.yielding(new, anything, False) == a
+    adm.read(a, rec)  # read since the job started (access 4): stays
+    adm.accessed()
+    assert adm.yielding(new, anything, False) == b
+    for _ in range(3):  # accesses 7: the window (a cache-full, 4) is over
+        adm.accessed()
+    assert adm.yielding(new, anything, False) is None  # b and c would qualify in it
+    adm.job_opened("job:7")  # seen: no new window
+    assert adm.new_job_at == 3
+    adm.job_opened("pod:0b6b9c3e-5c1a-4f0e-9d2b-1a2b3c4d5e6f")
+    assert adm.new_job_at == adm.accesses == 7
+    assert adm.yielding(new, anything, False) == b
+
+
+async def test_a_slurm_jobs_first_open_is_told_to_admission(tmp_path):
+    """FileIO.open: the caller as a reader (tierfs/callers.py, here a fake /proc)."""
+    proc = tmp_path / "proc"
+    (proc / "77").mkdir(parents=True)
+    (proc / "77" / "cgroup").write_text("0::/system.slice/slurmstepd.scope/job_42/step_0\n")
+    async with core(str(tmp_path)) as rig:
+        write(rig.src, "a", b"x" * 100)
+        rig.io.callers = Callers(proc=str(proc))
+        node = await resolve(rig.ns, "a")
+        adm = rig.cache_rig.cache.admission
+        h, _ = await rig.io.open(node.ino, pid=78, uid=1000)  # no such process: uid:1000
+        await rig.io.release(h.fh)
+        assert adm.new_job_at == -1
+        h, _ = await rig.io.open(node.ino, pid=77, uid=1000)
+        assert h.reader == "job:42" and adm.new_job_at == adm.accesses
+        await rig.io.release(h.fh)
 
 
 async def test_refused_fills_do_not_sort_the_index_each_time(tmp_path):

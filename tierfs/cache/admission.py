@@ -57,15 +57,25 @@ hit LRU would have missed (`read`), the count fading by 1/chunks per chunk acces
 a cache-full of accesses). While the cache trails LRU by more than TRAILING of its chunks,
 a reader's chunk the comparison refused takes the room LRU would have taken for it, if
 LRU would hit it or it is new data (never read before, where LRU starts to cache): the
-least recently read cached chunk that LRU no longer holds. Loops over more than the cache,
-scans and checkpoint cycles are where the cache leads LRU (the trail stays below 0), so
-they keep their heat rules; a new job is where it trails, and from its 2nd epoch it is
-cached as LRU caches it (the first epoch looks like a one-shot scan, which must not push
-out a hot set: hot+scans).
+least recently read cached chunk that LRU no longer holds (`yielding`). Loops over more
+than the cache, scans and checkpoint cycles are where the cache leads LRU (the trail
+stays below 0), so they keep their heat rules; a new job is where it trails, and from its
+2nd epoch it is cached as LRU caches it (`jobs`: 0.91x LRU).
+
+A new job's first epoch reads exactly as a one-shot pass over new data would (bench/evict.py
+`epochs+pass`: the same accesses up to the pass's end), and that pass must not push out
+the set the running job reads again: no count can tell them apart. The daemon can: it
+knows who reads (tierfs/callers.py). When a Slurm job or a pod opens its first file here
+(`job_opened`: not among the last JOBS_KEPT seen), then for the next cache-full of
+accesses new data (never read before) takes the room of the least recently read chunk if
+LRU no longer holds it and it was not read since the job started: the last job's data
+gives way to the new job's as under LRU, what anyone read since stays (`jobs` 1.00x LRU;
+`epochs+pass`, one job, 1.00x OPT). A user's reads (uid:N) start nothing.
 
 History, gaps and the shadow are bounded (HISTORY_FACTOR x the cache's chunk count, at most
-HISTORY_MAX entries, oldest forgotten first; a gap per cached chunk; the shadow's capacity) and live in memory: after a restart a loop's chunks are
-new again and the first epoch admits nothing past the cache's free room.
+HISTORY_MAX entries, oldest forgotten first; a gap per cached chunk; the shadow's capacity;
+JOBS_KEPT jobs) and live in memory: after a restart a loop's chunks are new again (read
+once, nothing to compare) and every job counts as new.
 """
 
 from __future__ import annotations
@@ -100,6 +110,7 @@ RESTORED_KEPT = 1.25
 # rest as they were (seeds 1-5); 0.01 let a shuffled loop's noise trip it (seed 2:
 # epochs-shuffled 0.97x), 0 more so (0.95x, checkpoints 0.75x at 20 s), 0.05 jobs 0.89x
 TRAILING = 0.02
+JOBS_KEPT = 1024  # Slurm jobs and pods remembered as seen (`job_opened`)
 
 
 class Fill(enum.Enum):
@@ -169,6 +180,8 @@ class Admission:
         # LRU's hits beyond the cache's (module doc), fading by 1/chunks per access
         self.trail = 0.0
         self._fade = 1.0 - 1.0 / self.chunks
+        self._jobs: OrderedDict[str, None] = OrderedDict()  # seen, least recently first
+        self.new_job_at = -1  # accesses when a new job last opened its first file
         self.accesses = 0  # chunk accesses counted (`accessed`): the clock of read gaps
         # cached chunks not read twice since stored: accesses at the store or the one read
         self._once: dict[bytes, int] = {}
@@ -224,6 +237,20 @@ class Admission:
         """Whether plain LRU has lately hit clearly more than the cache (module doc)."""
         return self.trail > TRAILING * self.chunks
 
+    def job_opened(self, reader: str) -> None:
+        """`reader` (tierfs/callers.py) opened a file: a Slurm job or pod not seen before
+        starts a cache-full of accesses counted as trailing LRU (module doc). Users (uid:N)
+        do not: what they read by hand is more often a pass than a working set."""
+        if not reader.startswith(("job:", "pod:")):
+            return
+        if reader in self._jobs:
+            self._jobs.move_to_end(reader)
+            return
+        self._jobs[reader] = None
+        if len(self._jobs) > JOBS_KEPT:
+            self._jobs.popitem(last=False)
+        self.new_job_at = self.accesses
+
     def read(self, ckey: bytes, rec: ChunkRecord) -> None:
         """A reader's access to cached chunk `rec`, before its heat changes and before the
         access is counted (`accessed`, next): the gap since its last read (not since a
@@ -248,20 +275,26 @@ class Admission:
                  lru_hit: bool) -> bytes | None:
         """The cached chunk whose room `ckey` takes, a reader's chunk the comparison refused
         (module doc; `lru_hit`: `missed` said plain LRU would hit it), if any: the least
-        recently read abandoned chunk, if `ckey` was read before; else, while the cache
-        trails LRU and LRU would hit `ckey` or it is new data, the least recently read
-        chunk if LRU no longer holds it. One that `evictable` turns down (pinned, being
-        written) goes to the back of the order."""
+        recently read abandoned chunk, if `ckey` was read before; else the least recently
+        read chunk, if LRU no longer holds it, while the cache trails LRU and LRU would hit
+        `ckey` or it is new data (never read), or for a cache-full of accesses after a new
+        job opened its first file if `ckey` is new data and that chunk was not read since.
+        One that `evictable` turns down (pinned, being written) goes to the back of the
+        order."""
         known = self.history.last(ckey) is not None
         if known:
             victim = self._abandoned(evictable)
             if victim is not None:
                 return victim
         if self.trailing and (lru_hit or not known):
-            victim = self._least_recently_read(evictable)
-            if victim is not None and victim not in self.lru:
-                return victim
-        return None
+            before = float("inf")  # any chunk LRU let go
+        elif not known and self.accesses - self.new_job_at < self.chunks:
+            before = self.new_job_at  # the new job's: those not read since it started
+        else:
+            return None
+        last, victim = self._least_recently_read(evictable)
+        return victim if victim is not None and victim not in self.lru and last < before \
+            else None
 
     def _abandoned(self, evictable: Callable[[bytes], bool]) -> bytes | None:
         for _ in range(len(self._gaps)):
@@ -273,8 +306,10 @@ class Admission:
             self._gaps.move_to_end(vkey)
         return None
 
-    def _least_recently_read(self, evictable: Callable[[bytes], bool]) -> bytes | None:
-        """Of the cached chunks (`_once` and `_gaps`, each in read order)."""
+    def _least_recently_read(self, evictable: Callable[[bytes], bool]
+                             ) -> tuple[int, bytes | None]:
+        """(accesses at its last read, key) of the cached chunks (`_once` and `_gaps`, each
+        in read order), or (0, None)."""
         fronts = []
         for order in (self._once, self._gaps):
             for _ in range(len(order)):
@@ -284,7 +319,7 @@ class Admission:
                     fronts.append((last if isinstance(last, int) else last[1], vkey))
                     break
                 order[vkey] = order.pop(vkey)  # to the back
-        return min(fronts)[1] if fronts else None
+        return min(fronts) if fronts else (0, None)
 
     def dropped(self, ckey: bytes) -> None:
         """A chunk left the cache (evicted or not): its gaps go."""
