@@ -156,7 +156,7 @@ class FileIO:
 
     def _attribute(self, h: OpenFile, reader: str) -> None:
         h.reader = reader
-        self.cache.admission.job_opened(reader)  # a new job's data is cached as LRU does
+        self.cache.opened_by(reader)
         if self.tenant_of is not None:
             h.tenant = self.tenant_of(h.node.key)
 

@@ -209,6 +209,11 @@ class ChunkCache:
     def has(self, ckey: bytes) -> bool:
         return ckey in self._index
 
+    def opened_by(self, reader: str) -> None:
+        """A file was opened by `reader` (tierfs/callers.py): a new job's data is cached as
+        plain LRU caches it (admission.py, `job_opened`)."""
+        self.admission.job_opened(reader)
+
     async def read(self, ckey: bytes, first: int, last: int, *,
                    touch: bool) -> tuple[bytes | memoryview, str] | None:
         """(bytes of blocks first..last of a chunk, "memory" | "disk"), or None on a miss."""

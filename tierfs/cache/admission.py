@@ -239,8 +239,9 @@ class Admission:
 
     def job_opened(self, reader: str) -> None:
         """`reader` (tierfs/callers.py) opened a file: a Slurm job or pod not seen before
-        starts a cache-full of accesses counted as trailing LRU (module doc). Users (uid:N)
-        do not: what they read by hand is more often a pass than a working set."""
+        opens a cache-full of accesses in which new data takes the room of data not read
+        since (module doc, `yielding`). Users (uid:N) do not: what they read by hand is more
+        often a pass than a working set."""
         if not reader.startswith(("job:", "pod:")):
             return
         if reader in self._jobs:
@@ -311,15 +312,22 @@ class Admission:
         """(accesses at its last read, key) of the cached chunks (`_once` and `_gaps`, each
         in read order), or (0, None)."""
         fronts = []
-        for order in (self._once, self._gaps):
-            for _ in range(len(order)):
-                vkey = next(iter(order))
-                if evictable(vkey):
-                    last = order[vkey]
-                    fronts.append((last if isinstance(last, int) else last[1], vkey))
-                    break
-                order[vkey] = order.pop(vkey)  # to the back
+        for vkey in (self._evictable_front(self._once, evictable),
+                     self._evictable_front(self._gaps, evictable)):
+            if vkey is not None:
+                fronts.append((self._once[vkey] if vkey in self._once else self._gaps[vkey][1],
+                               vkey))
         return min(fronts) if fronts else (0, None)
+
+    @staticmethod
+    def _evictable_front(order: dict, evictable: Callable[[bytes], bool]) -> bytes | None:
+        """The first key of `order` that `evictable` takes; those before it go to the back."""
+        for _ in range(len(order)):
+            vkey = next(iter(order))
+            if evictable(vkey):
+                return vkey
+            order[vkey] = order.pop(vkey)
+        return None
 
     def dropped(self, ckey: bytes) -> None:
         """A chunk left the cache (evicted or not): its gaps go."""
