@@ -346,7 +346,7 @@ def replay_tierfs(trace: Trace, shape: Shape) -> Replay:
     ids: dict[bytes, int] = {}
     index: dict[bytes, ChunkRecord] = {}
     used, length, out = 0, shape.chunk_bytes, Replay()
-    admission = Admission(shape.half_life, shape.chunks, shape.high)
+    admission = Admission(shape.half_life, shape.chunks, shape.capacity * length)
     generation, coldest = 0, (-1, b"", 0.0)  # ChunkCache._generation and ._coldest
     pinned = {object_chunk(n * OBJECT_CHUNKS, length)[0].oid
               for n in range(shape.pinned_objects)}
@@ -375,15 +375,12 @@ def replay_tierfs(trace: Trace, shape: Shape) -> Replay:
 
     def yielded_room(key: bytes, lru_hit: bool, now: float, used: int, generation: int
                      ) -> tuple[bool, int, int]:  # ChunkCache._yielded_room
-        freed = 0
-        while freed < length:
-            victim = admission.yielding(key, lambda k: k[:16] not in pinned, lru_hit)
-            if victim is None:
-                break
-            freed += index[victim].length
+        victim = admission.yielding(
+            key, lambda k: k[:16] not in pinned and index[k].length >= length, lru_hit)
+        if victim is not None:
             used, generation = drop([victim], used, generation)
-        if freed >= length and not evictor.must_evict(used, length):
-            return True, used, generation
+            if not evictor.must_evict(used, length):
+                return True, used, generation
         admission.refused(key, now)
         return False, used, generation
 
@@ -392,7 +389,7 @@ def replay_tierfs(trace: Trace, shape: Shape) -> Replay:
         for key in reversed(staged):
             generation = accessed(now, generation) + 1  # release_held
             if key not in index:
-                index[key] = ChunkRecord(length, admission.entry_heat(key, Fill.WRITTEN, now),
+                index[key] = ChunkRecord(length, admission.entry_heat(key, Fill.WRITTEN, now, length),
                                          now, ())
                 written[key] = None
                 used += length
@@ -441,7 +438,7 @@ def replay_tierfs(trace: Trace, shape: Shape) -> Replay:
                 writing = cid // OBJECT_CHUNKS
                 generation += 1
             continue
-        lru_hit = admission.missed(key)  # ChunkCache.filling
+        lru_hit = admission.missed(key, length)  # ChunkCache.filling
         generation = accessed(now, generation)
         # ChunkCache.filling -> _make_room (nothing being written): the admission policy
         # (against the coldest chunk the last sort found while it still is, as ChunkCache
@@ -462,7 +459,7 @@ def replay_tierfs(trace: Trace, shape: Shape) -> Replay:
         else:
             used, generation = drop(victims, used, generation)
         if fits:
-            index[key] = ChunkRecord(length, admission.entry_heat(key, Fill.READ, now), now, ())
+            index[key] = ChunkRecord(length, admission.entry_heat(key, Fill.READ, now, length), now, ())
             used += length
             generation += 1
     uploaded(START + len(trace.chunks) * shape.step, used, generation)

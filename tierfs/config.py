@@ -546,7 +546,8 @@ class MountConfig(BaseModel):
     # heat halves after this long without access (at least: cache/heat.py, HalfLife)
     heat_half_life: _duration_type(lo_open=True) = _field(
         1800.0, "duration", ">0 - 365d",
-        "how long \"hot\" is remembered by eviction (longer on a node slow to read its cache)")
+        "how long \"hot\" is remembered by eviction and admission, at least: 12 x the time "
+        "the node takes to read its cache's worth if longer")
     readahead_chunks: _int_type(1, 64) = _field(
         8, "int", "1 - 64", "chunks fetched ahead of a sequential reader")
     backend_concurrency: _int_type(1, 256) = _field(

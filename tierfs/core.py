@@ -150,7 +150,7 @@ async def build_core(cfg: MountConfig, backend: Backend | AsyncBackend, *,
                           statvfs=statvfs)
         memory = MemoryTier(cfg.memory_cache_size)
         admission = Admission(cfg.heat_half_life, cfg.cache_size // cfg.chunk_size,
-                              cfg.evict_high)
+                              int(cfg.evict_high * cfg.cache_size))
         cache = ChunkCache(meta, disk, memory, evictor, metrics, admission=admission, clock=clock,
                            tenants=cfg.tenants)
         kept, dropped = await trio.to_thread.run_sync(cache.recover)

@@ -307,12 +307,12 @@ def test_the_least_recently_read_abandoned_chunk_is_offered_to_a_chunk_read_befo
     set's own), a refused chunk read before takes the room of the least recently read
     abandoned one (ChunkCache._yielded_room); one that cannot go (pinned, being written)
     moves to the back."""
-    adm = Admission(1e9, 10)  # a gap counts as at least MIN_GAP x 10 = 15 accesses: 3 x 15
+    adm = Admission(1e9, 10, 10 * CHUNK)  # a gap counts as at least MIN_GAP x 10 = 15 accesses: 3 x 15
     rec = ChunkRecord(CHUNK, 1.0, 0.0, ())
     a, b, c, x = (bytes([n]) * 20 for n in b"abcx")
     for key in (a, b, c):  # stored at accesses 1-3
         adm.accessed()
-        adm.entry_heat(key, Fill.READ, 0.0)
+        adm.entry_heat(key, Fill.READ, 0.0, CHUNK)
     for key in (a, b, c, a):  # read at 4-7: gaps of 3
         adm.read(key, rec)
         adm.accessed()
@@ -330,44 +330,70 @@ def test_the_least_recently_read_abandoned_chunk_is_offered_to_a_chunk_read_befo
     assert adm.yielding(x, anything, False) is None  # a, read at 7, is next: 45 ago
 
 
-def test_lru_shadow_holds_the_keys_plain_lru_would():
-    lru = LruShadow(2)
+def test_lru_shadow_holds_the_keys_plain_lru_would_in_bytes():
+    lru = LruShadow(2 * CHUNK)
     a, b, c = (bytes([n]) * 20 for n in b"abc")
-    assert [lru.access(k) for k in (a, b, a, c)] == [False, False, True, False]
+    assert [lru.access(k, CHUNK) for k in (a, b, a, c)] == [False, False, True, False]
     assert a in lru and c in lru and b not in lru  # b, the least recently used, went
-    assert lru.access(b) is False and a not in lru
+    assert lru.access(b, CHUNK) is False and a not in lru
+    # small files take their bytes' worth: 8 of CHUNK // 8 fit beside b, c goes
+    small = [bytes([n]) * 20 for n in range(8)]
+    for key in small:
+        lru.access(key, CHUNK // 8)
+    assert all(key in lru for key in small) and b in lru and c not in lru
+    lru.access(c, 2 * CHUNK)  # as big as the whole: only it stays
+    assert c in lru and not any(key in lru for key in small + [b])
 
 
-def test_the_cache_trails_lru_by_misses_lru_would_hit_less_hits_it_would_miss():
+def test_the_cache_trails_lru_by_misses_lru_would_hit_less_hits_it_would_miss(monkeypatch):
     """+1 for a miss LRU would have hit, -1 for a hit it would have missed, fading by
-    1/chunks per access; trailing above TRAILING x chunks."""
-    adm = Admission(1e9, 50)  # trailing above 1 (TRAILING 0.02 x 50 chunks)
+    1/chunks per access; trailing above TRAILING x chunks (and TRAILING_MIN: 0 here)."""
+    monkeypatch.setattr(admission, "TRAILING_MIN", 0.0)
+    adm = Admission(1e9, 50, 50 * CHUNK)  # trailing above 1 (TRAILING 0.02 x 50 chunks)
     assert TRAILING == 0.02
     rec = ChunkRecord(CHUNK, 1.0, 0.0, ())
     a, b, c = (bytes([n]) * 20 for n in b"abc")
-    assert adm.missed(a) is False and adm.trail == 0  # new to LRU too
+    assert adm.missed(a, CHUNK) is False and adm.trail == 0  # new to LRU too
     adm.accessed()
-    assert adm.missed(a) is True and adm.trail == 1  # LRU would have hit: the cache did not
+    assert adm.missed(a, CHUNK) is True and adm.trail == 1  # LRU would have hit
     adm.accessed()
     assert adm.trail == pytest.approx(0.98) and not adm.trailing
-    assert adm.missed(a) and adm.trailing
+    assert adm.missed(a, CHUNK) and adm.trailing
     adm.read(c, rec)  # a hit on a chunk LRU would not hold
     assert adm.trail == pytest.approx(0.98) and not adm.trailing
-    adm.entry_heat(b, Fill.WRITTEN, 0.0)  # LRU stores written (and warmed) chunks
+    adm.entry_heat(b, Fill.WRITTEN, 0.0, CHUNK)  # LRU stores written (and warmed) chunks
     adm.read(b, rec)  # so LRU would hit it as well: no change
     assert adm.trail == pytest.approx(0.98)
+    monkeypatch.undo()  # fewer than TRAILING_MIN (16) hits ahead is noise
+    adm.trail = 16.0
+    assert not adm.trailing
+    adm.trail = 16.5
+    assert adm.trailing
 
 
-def test_while_the_cache_trails_lru_a_refused_chunk_takes_the_room_lru_let_go():
+def test_a_small_cache_never_trails_lru():
+    """The count fades by 1/chunks per access, so it never passes the cache's chunk count:
+    a cache of at most TRAILING_MIN (16) chunks never trails, however its misses go."""
+    adm = Admission(1e9, 16, 16 * CHUNK)
+    key = b"k" * 20
+    adm.missed(key, CHUNK)
+    for _ in range(10_000):
+        adm.missed(key, CHUNK)  # LRU hits every time, the cache never
+        adm.accessed()
+    assert 14.9 < adm.trail < 16.0 and not adm.trailing  # its limit: 15
+
+
+def test_while_the_cache_trails_lru_a_refused_chunk_takes_the_room_lru_let_go(monkeypatch):
     """The least recently read cached chunk, only once LRU no longer holds it, only for a
     chunk LRU would hit or never read before, and only while trailing."""
-    adm = Admission(1e9, 4, high=0.75)  # LRU's shadow holds 3 keys
+    monkeypatch.setattr(admission, "TRAILING_MIN", 0.0)  # a cache of 4 chunks
+    adm = Admission(1e9, 4, 3 * CHUNK)  # LRU's shadow holds 3 chunks
     rec = ChunkRecord(CHUNK, 1.0, 0.0, ())
     a, b, x, y, z = (bytes([n]) * 20 for n in b"abxyz")
     anything = lambda key: True  # noqa: E731
     for key in (a, b):  # cached: stored, then read once each
-        adm.entry_heat(key, Fill.READ, 0.0)
-        adm.lru.access(key)
+        adm.entry_heat(key, Fill.READ, 0.0, CHUNK)
+        adm.lru.access(key, CHUNK)
     for key in (b, a):
         adm.read(key, rec)
         adm.accessed()
@@ -376,8 +402,8 @@ def test_while_the_cache_trails_lru_a_refused_chunk_takes_the_room_lru_let_go():
     adm.trail = 1.0  # trailing (TRAILING x 4 = 0.08)
     assert adm.yielding(x, anything, False) is None  # read before, LRU would not hit it
     assert adm.yielding(x, anything, True) is None  # b, least recently read: LRU holds it
-    adm.missed(y)
-    adm.missed(z)  # LRU holds a (read last), y and z: b went
+    adm.missed(y, CHUNK)
+    adm.missed(z, CHUNK)  # LRU holds a (read last), y and z: b went
     assert b not in adm.lru and a in adm.lru
     assert adm.yielding(x, anything, True) == b
     assert adm.yielding(bytes(20), anything, False) == b  # never read before: new data
@@ -395,6 +421,7 @@ async def test_the_next_job_is_cached_as_lru_caches_it(tmp_path, monkeypatch, to
     LRU let go, and its 3rd and 4th epochs hit in full. Told that job 2 started (its first
     open, FileIO -> Admission.job_opened), the cache takes its 1st epoch in as LRU does."""
     per_epoch = {}
+    monkeypatch.setattr(admission, "TRAILING_MIN", 0.0)  # a cache of 16 chunks
     for trailing in (TRAILING, float("inf")):
         monkeypatch.setattr(admission, "TRAILING", trailing)
         rig = make_cache(str(tmp_path / str(trailing)), cache_size=N * CHUNK, memory_bytes=0,
@@ -429,9 +456,9 @@ def test_a_restored_checkpoints_room_is_kept_from_readers_for_the_next_save():
     read once is not the room of a reader's chunk however often that one was read; after,
     the comparison decides (a restored chunk ranks below one read)."""
     assert RESTORED_KEPT == 1.25
-    adm = Admission(1e9, 8)  # kept for 10 accesses
+    adm = Admission(1e9, 8, 8 * CHUNK)  # kept for 10 accesses
     w, x = bytes(20), b"x" * 20
-    adm.entry_heat(w, Fill.WRITTEN, 0.0)
+    adm.entry_heat(w, Fill.WRITTEN, 0.0, CHUNK)
     adm.read(w, ChunkRecord(CHUNK, 0.0, 0.0, ()))  # the restore, at access 1
     adm.accessed()
     restored = ChunkRecord(CHUNK, RESTORED, 0.0, ())
@@ -452,17 +479,17 @@ def test_a_new_jobs_data_takes_the_room_lru_let_go_of_chunks_not_read_since_it_s
     file, a chunk never read before takes the room of the least recently read chunk, if
     LRU no longer holds it and it was not read since the job started. A chunk read before
     does not (its claim is the count's), nor do users' reads, nor a job seen already."""
-    adm = Admission(1e9, 4, high=0.75)  # LRU's shadow holds 3 keys
+    adm = Admission(1e9, 4, 3 * CHUNK)  # LRU's shadow holds 3 chunks
     rec = ChunkRecord(CHUNK, 1.0, 0.0, ())
     a, b, c, new, old = (bytes([n]) * 20 for n in b"abcno")
     anything = lambda key: True  # noqa: E731
     for key in (a, b, c):  # cached at accesses 0, 1, 2
-        adm.entry_heat(key, Fill.READ, 0.0)
-        adm.lru.access(key)
+        adm.entry_heat(key, Fill.READ, 0.0, CHUNK)
+        adm.lru.access(key, CHUNK)
         adm.accessed()
     adm.refused(old, 0.0)  # read before
     for key in (b"x" * 20, b"y" * 20, b"z" * 20):
-        adm.missed(key)  # LRU now holds x, y, z only
+        adm.missed(key, CHUNK)  # LRU now holds x, y, z only
     assert not adm.trailing and adm.yielding(new, anything, False) is None
     adm.job_opened("uid:1000")
     assert adm.new_job_at == -1 and adm.yielding(new, anything, False) is None
@@ -481,6 +508,29 @@ def test_a_new_jobs_data_takes_the_room_lru_let_go_of_chunks_not_read_since_it_s
     adm.job_opened("pod:0b6b9c3e-5c1a-4f0e-9d2b-1a2b3c4d5e6f")
     assert adm.new_job_at == adm.accesses == 7
     assert adm.yielding(new, anything, False) == b
+
+
+async def test_a_big_chunk_never_takes_the_room_of_small_files(tmp_path):
+    """The room a refused chunk may take (abandoned, or let go by LRU: here a new job's
+    window) is one chunk at least its size: 20 label files of 512 bytes, the least recently
+    read, stay; the job's new 4 KiB chunks take the room of older 4 KiB ones (decision 3c:
+    a miss costs as much per file, whatever its size)."""
+    rig = make_cache(str(tmp_path), cache_size=N * CHUNK, memory_bytes=0, half_life=1e9)
+    labels, old, new = obj("labels", 20), obj("old", 12), obj("new", 8)
+    try:
+        for i in range(20):
+            await rig.cache.fill(labels, labels.chunk_key(i), bytes(512))
+        for i in range(12):
+            await rig.cache.fill(old, old.chunk_key(i), payload(i))
+        rig.cache.opened_by("job:2")
+        for i in range(8):
+            await rig.cache.fill(new, new.chunk_key(i), payload(100 + i))
+        assert all(rig.cache.has(labels.chunk_key(i)) for i in range(20))
+        cached_new = sum(rig.cache.has(new.chunk_key(i)) for i in range(8))
+        cached_old = sum(rig.cache.has(old.chunk_key(i)) for i in range(12))
+        assert cached_new > 0 and cached_old == 12 - cached_new
+    finally:
+        rig.close()
 
 
 async def test_a_slurm_jobs_first_open_is_told_to_admission(tmp_path):

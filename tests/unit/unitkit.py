@@ -112,7 +112,7 @@ def make_cache(root: str, *, cache_size: int, memory_bytes: int = 0, block_size:
                       low=low, half_life=half_life, statvfs=statvfs)
     memory = MemoryTier(memory_bytes)
     # history and LRU's shadow sized as the daemon sizes them, for chunks of one block
-    admission = Admission(half_life, cache_size // block_size, high)
+    admission = Admission(half_life, cache_size // block_size, int(high * cache_size))
     cache = ChunkCache(meta, disk, memory, evictor, metrics, admission=admission, clock=clock)
     return CacheRig(root, meta, disk, memory, evictor, cache, metrics, clock)
 

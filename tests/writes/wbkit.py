@@ -197,7 +197,8 @@ async def wb_rig(root, backend: FaultyBackend, *, bucket: str = "bucket",
         evictor = Evictor(cache_dir, cache_size=cache_size, min_free_ratio=0.1, high=0.95,
                           low=0.9, half_life=1800.0, statvfs=_plenty)
         cache = ChunkCache(meta, disk, MemoryTier(0), evictor, metrics,
-                           admission=Admission(1800.0, cache_size // 4096, 0.95))
+                           admission=Admission(1800.0, cache_size // 4096,
+                                               int(0.95 * cache_size)))
         await trio.to_thread.run_sync(cache.recover)
         abackend = AsyncBackend(backend, metrics, concurrency=8, background=4)
 

@@ -51,11 +51,12 @@ Where recency does better: heat keeps what was read most, which loses to plain L
 workload moves on before the old reads stop counting: the next job's data set, read a few
 times, against the last job's, read many (bench/evict.py `jobs`, 0.62x LRU with abandonment
 alone: the new set was cached from its 3rd epoch at best). So Admission keeps a shadow of
-plain LRU, the keys only, as many as the cache holds (`LruShadow`), and counts how far the
+plain LRU, the keys only, as many bytes as the cache holds (`LruShadow`), and counts how far the
 cache trails it (`trail`): +1 for a reader's miss LRU would have hit (`missed`), -1 for a
 hit LRU would have missed (`read`), the count fading by 1/chunks per chunk access (about
-a cache-full of accesses). While the cache trails LRU by more than TRAILING of its chunks,
-a reader's chunk the comparison refused takes the room LRU would have taken for it, if
+a cache-full of accesses). While the cache trails LRU by more than TRAILING of its chunks
+(and TRAILING_MIN hits), a reader's chunk the comparison refused takes the room LRU would
+have taken for it, if
 LRU would hit it or it is new data (never read before, where LRU starts to cache): the
 least recently read cached chunk that LRU no longer holds (`yielding`). Loops over more
 than the cache, scans and checkpoint cycles are where the cache leads LRU (the trail
@@ -110,6 +111,11 @@ RESTORED_KEPT = 1.25
 # rest as they were (seeds 1-5); 0.01 let a shuffled loop's noise trip it (seed 2:
 # epochs-shuffled 0.97x), 0 more so (0.95x, checkpoints 0.75x at 20 s), 0.05 jobs 0.89x
 TRAILING = 0.02
+# and by at least this many hits: fewer is noise. The count never passes its cache's chunk
+# count, so caches of up to 800 chunks never trail: bench/report_run.py's 16-chunk cache,
+# where 16 record reads touch each chunk an epoch, trailed on single misses and churned its
+# training chunks (their hits 59% -> 55%)
+TRAILING_MIN = 16.0
 JOBS_KEPT = 1024  # Slurm jobs and pods remembered as seen (`job_opened`)
 
 
@@ -148,35 +154,39 @@ class History:
 
 
 class LruShadow:
-    """The keys plain LRU of `size` chunks would hold (no data): which reads it would hit."""
+    """The chunk keys plain LRU of `size` bytes would hold (and their lengths, no data):
+    which reads it would hit. In bytes, not keys: a 4 KiB label file takes 1/2000 of the
+    room of an 8 MiB chunk (bench/report_run.py: a shadow of 15 keys for a 128 MiB cache of
+    8 MiB chunks let every label file go, and they churned)."""
 
     def __init__(self, size: int) -> None:
-        self.size = max(1, min(size, HISTORY_MAX))
-        self._keys: OrderedDict[bytes, None] = OrderedDict()
+        self.size = max(1, size)
+        self._keys: OrderedDict[bytes, int] = OrderedDict()
+        self._bytes = 0
 
     def __contains__(self, ckey: bytes) -> bool:
         return ckey in self._keys
 
-    def access(self, ckey: bytes) -> bool:
-        """LRU reads or stores `ckey`: whether it held it (a hit)."""
-        held = ckey in self._keys
-        self._keys[ckey] = None
-        self._keys.move_to_end(ckey)
-        if len(self._keys) > self.size:
-            self._keys.popitem(last=False)
-        return held
+    def access(self, ckey: bytes, length: int) -> bool:
+        """LRU reads or stores `ckey` (`length` bytes): whether it held it (a hit)."""
+        held = self._keys.pop(ckey, None)
+        self._bytes += length - (held or 0)
+        self._keys[ckey] = length
+        while self._bytes > self.size and len(self._keys) > 1 or len(self._keys) > HISTORY_MAX:
+            self._bytes -= self._keys.popitem(last=False)[1]
+        return held is not None
 
 
 class Admission:
     """The policy (module doc). `chunks`: the cache's size in chunks (sizes the history);
-    `high`: the share of it the cache fills at most (the eviction high watermark: LRU's
-    shadow holds as many)."""
+    `lru_bytes`: the most the cache holds (its budget's high watermark share: plain LRU's
+    shadow holds as much)."""
 
-    def __init__(self, half_life: float, chunks: int, high: float = 1.0) -> None:
+    def __init__(self, half_life: float, chunks: int, lru_bytes: int) -> None:
         self.half_life = half_life
         self.chunks = max(1, chunks)
         self.history = History(half_life, HISTORY_FACTOR * self.chunks)
-        self.lru = LruShadow(int(high * self.chunks))
+        self.lru = LruShadow(lru_bytes)
         # LRU's hits beyond the cache's (module doc), fading by 1/chunks per access
         self.trail = 0.0
         self._fade = 1.0 - 1.0 / self.chunks
@@ -225,17 +235,17 @@ class Admission:
         self.accesses += 1
         self.trail *= self._fade
 
-    def missed(self, ckey: bytes) -> bool:
-        """A reader's chunk not in the cache is fetched (before `accessed`): whether plain
-        LRU would have hit it (`yielding` takes that)."""
-        hit = self.lru.access(ckey)
+    def missed(self, ckey: bytes, length: int) -> bool:
+        """A reader's chunk of `length` bytes not in the cache is fetched (before
+        `accessed`): whether plain LRU would have hit it (`yielding` takes that)."""
+        hit = self.lru.access(ckey, length)
         self.trail += hit
         return hit
 
     @property
     def trailing(self) -> bool:
         """Whether plain LRU has lately hit clearly more than the cache (module doc)."""
-        return self.trail > TRAILING * self.chunks
+        return self.trail > max(TRAILING * self.chunks, TRAILING_MIN)
 
     def job_opened(self, reader: str) -> None:
         """`reader` (tierfs/callers.py) opened a file: a Slurm job or pod not seen before
@@ -256,7 +266,7 @@ class Admission:
         """A reader's access to cached chunk `rec`, before its heat changes and before the
         access is counted (`accessed`, next): the gap since its last read (not since a
         written chunk's store, nor since a restart); and LRU's view of it."""
-        if not self.lru.access(ckey):
+        if not self.lru.access(ckey, rec.length):
             self.trail -= 1.0
         this = self.accesses + 1
         if ckey in self._gaps:
@@ -337,11 +347,12 @@ class Admission:
     def evicted(self, ckey: bytes, rec: ChunkRecord) -> None:
         self.history.remember(ckey, rec.heat, rec.last_access)
 
-    def entry_heat(self, ckey: bytes, kind: Fill, now: float) -> float:
-        """The heat a chunk is indexed with (module doc); its history is over."""
+    def entry_heat(self, ckey: bytes, kind: Fill, now: float, length: int) -> float:
+        """The heat a chunk of `length` bytes is indexed with (module doc); its history is
+        over."""
         past = self.history.forget(ckey)
         if kind is not Fill.READ:  # LRU stores what is written or warmed too (`missed`: read)
-            self.lru.access(ckey)
+            self.lru.access(ckey, length)
         self._gaps.pop(ckey, None)
         self._once[ckey] = self.accesses
         if kind is Fill.WRITTEN:
