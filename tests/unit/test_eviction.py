@@ -12,8 +12,8 @@ import pytest
 import trio
 
 from tierfs.cache import Fill, admission
-from tierfs.cache.admission import (ABANDONED, MARGIN, MIN_GAP, RESTORED_KEPT, TRAILING,
-                                    Admission, LruShadow)
+from tierfs.cache.admission import (ABANDONED, MARGIN, MIN_GAP, RESTORED_KEPT, SKIPPED_MAX,
+                                    TRAILING, Admission, LruShadow)
 from tierfs.cache.heat import RESTORED, UNREAD_WRITTEN
 from tierfs.cache.keys import ObjectVersion
 from tierfs.meta import ChunkRecord
@@ -531,6 +531,28 @@ async def test_a_big_chunk_never_takes_the_room_of_small_files(tmp_path):
         assert cached_new > 0 and cached_old == 12 - cached_new
     finally:
         rig.close()
+
+
+def test_a_refused_read_passes_over_at_most_skipped_max_chunks():
+    """Chunks that cannot give their room (smaller than the incoming one, pinned) go to the
+    back of the order, at most SKIPPED_MAX + 1 looked at a call: a refused read does not
+    walk every label file in the cache."""
+    assert SKIPPED_MAX == 64
+    adm = Admission(1e9, 100, CHUNK)  # LRU's shadow: one chunk
+    keys = [i.to_bytes(20, "big") for i in range(100)]
+    for key in keys:
+        adm.entry_heat(key, Fill.READ, 0.0, CHUNK)
+        adm.accessed()
+    adm.job_opened("job:1")
+    big = keys[-1]
+    looked = []
+
+    def only_the_last(key):
+        looked.append(key)
+        return key == big
+    new = b"n" * 20
+    assert adm.yielding(new, only_the_last, False) is None and len(looked) == 65
+    assert adm.yielding(new, only_the_last, False) == big  # 35 more, then it
 
 
 async def test_a_slurm_jobs_first_open_is_told_to_admission(tmp_path):

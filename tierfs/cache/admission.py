@@ -117,6 +117,10 @@ TRAILING = 0.02
 # training chunks (their hits 59% -> 55%)
 TRAILING_MIN = 16.0
 JOBS_KEPT = 1024  # Slurm jobs and pods remembered as seen (`job_opened`)
+# chunks `yielding` passes over (pinned, being written, smaller than the incoming one: to
+# the back of the order) before it gives up: a refused read must not walk a million label
+# files
+SKIPPED_MAX = 64
 
 
 class Fill(enum.Enum):
@@ -290,8 +294,8 @@ class Admission:
         read chunk, if LRU no longer holds it, while the cache trails LRU and LRU would hit
         `ckey` or it is new data (never read), or for a cache-full of accesses after a new
         job opened its first file if `ckey` is new data and that chunk was not read since.
-        One that `evictable` turns down (pinned, being written) goes to the back of the
-        order."""
+        One that `evictable` turns down (pinned, being written, smaller than `ckey`) goes to
+        the back of the order, at most SKIPPED_MAX of them a call."""
         known = self.history.last(ckey) is not None
         if known:
             victim = self._abandoned(evictable)
@@ -308,7 +312,7 @@ class Admission:
             else None
 
     def _abandoned(self, evictable: Callable[[bytes], bool]) -> bytes | None:
-        for _ in range(len(self._gaps)):
+        for _ in range(min(len(self._gaps), SKIPPED_MAX + 1)):
             vkey, (gap, last) = next(iter(self._gaps.items()))
             if not self._stopped(gap, last):
                 return None
@@ -331,8 +335,9 @@ class Admission:
 
     @staticmethod
     def _evictable_front(order: dict, evictable: Callable[[bytes], bool]) -> bytes | None:
-        """The first key of `order` that `evictable` takes; those before it go to the back."""
-        for _ in range(len(order)):
+        """The first key of `order` that `evictable` takes among its first SKIPPED_MAX + 1;
+        those before it go to the back."""
+        for _ in range(min(len(order), SKIPPED_MAX + 1)):
             vkey = next(iter(order))
             if evictable(vkey):
                 return vkey
