@@ -158,9 +158,8 @@ def jobs(cache: int, rng: random.Random, *, size: float = 0.8, count: int = 3,
             rng.shuffle(data)
             b.read(data)
     return b.trace("jobs", f"{count} jobs in a row, each {epochs} shuffled epochs over a data "
-                   f"set of its own of {size}x the cache (a new job's first epoch reads as "
-                   "epochs+pass's pass: a policy that caches it as LRU does loses there what "
-                   "LRU loses)")
+                   f"set of its own of {size}x the cache, each job's first open told to "
+                   "admission (untold, a new job's first epoch reads as epochs+pass's pass)")
 
 
 def epochs_and_pass(cache: int, rng: random.Random, *, size: float = 0.8, before: int = 4,
