@@ -388,8 +388,8 @@ def replay_tierfs(trace: Trace, shape: Shape) -> Replay:
         for key in reversed(staged):
             generation = accessed(now, generation) + 1  # release_held
             if key not in index:
-                index[key] = ChunkRecord(length, admission.entry_heat(key, Fill.WRITTEN, now, length),
-                                         now, ())
+                heat = admission.entry_heat(key, Fill.WRITTEN, now, length)
+                index[key] = ChunkRecord(length, heat, now, ())
                 written[key] = None
                 used += length
                 generation += 1
@@ -458,7 +458,8 @@ def replay_tierfs(trace: Trace, shape: Shape) -> Replay:
         else:
             used, generation = drop(victims, used, generation)
         if fits:
-            index[key] = ChunkRecord(length, admission.entry_heat(key, Fill.READ, now, length), now, ())
+            heat = admission.entry_heat(key, Fill.READ, now, length)
+            index[key] = ChunkRecord(length, heat, now, ())
             used += length
             generation += 1
     uploaded(START + len(trace.chunks) * shape.step, used, generation)

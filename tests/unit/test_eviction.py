@@ -307,7 +307,8 @@ def test_the_least_recently_read_abandoned_chunk_is_offered_to_a_chunk_read_befo
     set's own), a refused chunk read before takes the room of the least recently read
     abandoned one (ChunkCache._yielded_room); one that cannot go (pinned, being written)
     moves to the back."""
-    adm = Admission(1e9, 10, 10 * CHUNK)  # a gap counts as at least MIN_GAP x 10 = 15 accesses: 3 x 15
+    # a gap counts as at least MIN_GAP x 10 = 15 accesses: 3 x 15
+    adm = Admission(1e9, 10, 10 * CHUNK)
     rec = ChunkRecord(CHUNK, 1.0, 0.0, ())
     a, b, c, x = (bytes([n]) * 20 for n in b"abcx")
     for key in (a, b, c):  # stored at accesses 1-3

@@ -82,7 +82,8 @@ root = sys.argv[1]
 meta = MetaStore(root + "/index", "s3://bucket/", map_size=64 << 20)
 disk = DiskTier(root, 4096)
 ev = Evictor(root, cache_size=1 << 30, min_free_ratio=0.0, high=0.95, low=0.9, half_life=60.0)
-cache = ChunkCache(meta, disk, MemoryTier(0), ev, Metrics(), admission=Admission(60.0, 1024, 1 << 30))
+cache = ChunkCache(meta, disk, MemoryTier(0), ev, Metrics(),
+                   admission=Admission(60.0, 1024, 1 << 30))
 kept, dropped = cache.recover()
 chunks = {}
 for key, rec in meta.chunks():
