@@ -16,9 +16,9 @@ from tierfs.cache.admission import (ABANDONED, MARGIN, MIN_GAP, RESTORED_KEPT, S
                                     TRAILING, Admission, LruShadow)
 from tierfs.cache.heat import RESTORED, UNREAD_WRITTEN
 from tierfs.cache.keys import ObjectVersion
+from tierfs.callers import Callers
 from tierfs.meta import ChunkRecord
 
-from tierfs.callers import Callers
 from unitkit import chunk_files, core, make_cache, resolve, sample, statvfs_result, write
 
 CHUNK = 4096  # one checksum block per chunk keeps the arithmetic obvious
