@@ -374,10 +374,10 @@ def replay_tierfs(trace: Trace, shape: Shape) -> Replay:
 
     def yielded_room(key: bytes, lru_hit: bool, now: float, used: int, generation: int
                      ) -> tuple[bool, int, int]:  # ChunkCache._yielded_room
-        victim = admission.yielding(
+        yielded = admission.yielding(
             key, lambda k: k[:16] not in pinned and index[k].length >= length, lru_hit)
-        if victim is not None:
-            used, generation = drop([victim], used, generation)
+        if yielded is not None:
+            used, generation = drop([yielded[0]], used, generation)
             if not evictor.must_evict(used, length):
                 return True, used, generation
         admission.refused(key, now)

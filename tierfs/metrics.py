@@ -41,6 +41,9 @@ class Metrics:
         self.cache_refused = Counter("tierfs_cache_refused_chunks",
                                      "Fetched chunks not stored: the full disk tier holds hotter "
                                      "ones (served from memory)", registry=r)
+        self.cache_yielded = Counter("tierfs_cache_yielded_chunks",
+                                     "Cached chunks whose room a chunk the heat comparison "
+                                     "refused took, by why", ["reason"], registry=r)
         self.heat_half_life = Gauge("tierfs_cache_heat_half_life_seconds",
                                     "Half-life heat decays with now: heat_half_life, or longer "
                                     "on a node slow to read its cache's worth", registry=r)

@@ -324,9 +324,9 @@ def test_the_least_recently_read_abandoned_chunk_is_offered_to_a_chunk_read_befo
         adm.accessed()
     assert adm.yielding(x, anything, False) is None  # b, the least recently read: 45 ago
     adm.accessed()
-    assert adm.yielding(x, anything, False) == b  # 46 > 3 x 15
+    assert adm.yielding(x, anything, False) == (b, "abandoned")  # 46 > 3 x 15
     adm.accessed()
-    assert adm.yielding(x, lambda key: key != b, False) == c  # b cannot go: to the back
+    assert adm.yielding(x, lambda key: key != b, False) == (c, "abandoned")  # b cannot go: to the back
     adm.dropped(c)
     assert adm.yielding(x, anything, False) is None  # a, read at 7, is next: 45 ago
 
@@ -406,8 +406,8 @@ def test_while_the_cache_trails_lru_a_refused_chunk_takes_the_room_lru_let_go(mo
     adm.missed(y, CHUNK)
     adm.missed(z, CHUNK)  # LRU holds a (read last), y and z: b went
     assert b not in adm.lru and a in adm.lru
-    assert adm.yielding(x, anything, True) == b
-    assert adm.yielding(bytes(20), anything, False) == b  # never read before: new data
+    assert adm.yielding(x, anything, True) == (b, "lru")
+    assert adm.yielding(bytes(20), anything, False) == (b, "lru")  # never read before: new data
     assert adm.yielding(x, lambda key: key != b, True) is None  # b cannot go; a is in LRU
     adm.trail = 0.0
     assert adm.yielding(x, anything, True) is None
@@ -421,7 +421,7 @@ async def test_the_next_job_is_cached_as_lru_caches_it(tmp_path, monkeypatch, to
     which the cache misses: trailing LRU, job 2's chunks take the room of job 1's, which
     LRU let go, and its 3rd and 4th epochs hit in full. Told that job 2 started (its first
     open, FileIO -> Admission.job_opened), the cache takes its 1st epoch in as LRU does."""
-    per_epoch = {}
+    per_epoch, yielded = {}, {}
     monkeypatch.setattr(admission, "TRAILING_MIN", 0.0)  # a cache of 16 chunks
     for trailing in (TRAILING, float("inf")):
         monkeypatch.setattr(admission, "TRAILING", trailing)
@@ -442,12 +442,19 @@ async def test_the_next_job_is_cached_as_lru_caches_it(tmp_path, monkeypatch, to
                             await rig.cache.fill(o, o.chunk_key(i), payload(i))
                     hits.append(n)
             per_epoch[trailing] = hits
+            yielded[trailing] = {why: sample(rig.metrics, "tierfs_cache_yielded_chunks_total",
+                                             {"reason": why})
+                                 for why in ("abandoned", "lru", "new_job")}
         finally:
             rig.close()
     assert per_epoch[TRAILING][:3] == per_epoch[float("inf")][:3] == [0, 14, 14]
-    if told:  # as LRU, whatever the count says
+    if told:  # as LRU, whatever the count says: 13 of job 1's chunks gave way (1 free)
         assert per_epoch[TRAILING][3:] == per_epoch[float("inf")][3:] == [0, 14, 14, 14]
+        assert yielded[TRAILING] == yielded[float("inf")] == {
+            "abandoned": 0, "lru": 0, "new_job": 13}
         return
+    assert yielded[float("inf")] == {"abandoned": 0, "lru": 0, "new_job": 0}
+    assert yielded[TRAILING] == {"abandoned": 0, "lru": 13, "new_job": 0}
     assert per_epoch[float("inf")][3:] == [0, 1, 1, 1]  # the free room (15 - 14) only
     assert per_epoch[TRAILING][3:5] == [0, 1] and per_epoch[TRAILING][5:] == [14, 14]
 
@@ -497,10 +504,10 @@ def test_a_new_jobs_data_takes_the_room_lru_let_go_of_chunks_not_read_since_it_s
     adm.job_opened("job:7")
     assert adm.new_job_at == 3
     assert adm.yielding(old, anything, False) is None  # read before: not the new job's data
-    assert adm.yielding(new, anything, False) == a
+    assert adm.yielding(new, anything, False) == (a, "new_job")
     adm.read(a, rec)  # read since the job started (access 4): stays
     adm.accessed()
-    assert adm.yielding(new, anything, False) == b
+    assert adm.yielding(new, anything, False) == (b, "new_job")
     for _ in range(3):  # accesses 7: the window (a cache-full, 4) is over
         adm.accessed()
     assert adm.yielding(new, anything, False) is None  # b and c would qualify in it
@@ -508,7 +515,7 @@ def test_a_new_jobs_data_takes_the_room_lru_let_go_of_chunks_not_read_since_it_s
     assert adm.new_job_at == 3
     adm.job_opened("pod:0b6b9c3e-5c1a-4f0e-9d2b-1a2b3c4d5e6f")
     assert adm.new_job_at == adm.accesses == 7
-    assert adm.yielding(new, anything, False) == b
+    assert adm.yielding(new, anything, False) == (b, "new_job")
 
 
 async def test_a_big_chunk_never_takes_the_room_of_small_files(tmp_path):
@@ -553,7 +560,7 @@ def test_a_refused_read_passes_over_at_most_skipped_max_chunks():
         return key == big
     new = b"n" * 20
     assert adm.yielding(new, only_the_last, False) is None and len(looked) == 65
-    assert adm.yielding(new, only_the_last, False) == big  # 35 more, then it
+    assert adm.yielding(new, only_the_last, False) == (big, "new_job")  # 35 more, then it
 
 
 async def test_a_slurm_jobs_first_open_is_told_to_admission(tmp_path):

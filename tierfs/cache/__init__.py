@@ -377,11 +377,12 @@ class ChunkCache:
         each 8 MiB training chunk LRU would hit pushed out label files, 0.86 -> 0.10 of
         their reads hit). Else it is refused: counted, its read remembered, and a budget
         the free-space guard shrank is kept."""
-        victim = self.admission.yielding(
+        yielded = self.admission.yielding(
             ckey, lambda k: (k not in self._writing and k[:16] not in self.pins
                              and self._index[k].length >= incoming), lru_hit)
-        if victim is not None:
-            await self.drop(victim, evicted=True)
+        if yielded is not None:
+            self.metrics.cache_yielded.labels(yielded[1]).inc()
+            await self.drop(yielded[0], evicted=True)
             if not self.evictor.must_evict(self._used + self._reserved + self._dirty,
                                            incoming):
                 return True

@@ -287,9 +287,10 @@ class Admission:
         return self.accesses - last > ABANDONED * max(gap, MIN_GAP * self.chunks)
 
     def yielding(self, ckey: bytes, evictable: Callable[[bytes], bool],
-                 lru_hit: bool) -> bytes | None:
-        """The cached chunk whose room `ckey` takes, a reader's chunk the comparison refused
-        (module doc; `lru_hit`: `missed` said plain LRU would hit it), if any: the least
+                 lru_hit: bool) -> tuple[bytes, str] | None:
+        """(the cached chunk whose room `ckey` takes, why: "abandoned", "lru" or "new_job"),
+        `ckey` a reader's chunk the comparison refused (module doc; `lru_hit`: `missed` said
+        plain LRU would hit it), if any: the least
         recently read abandoned chunk, if `ckey` was read before; else the least recently
         read chunk, if LRU no longer holds it, while the cache trails LRU and LRU would hit
         `ckey` or it is new data (never read), or for a cache-full of accesses after a new
@@ -300,16 +301,16 @@ class Admission:
         if known:
             victim = self._abandoned(evictable)
             if victim is not None:
-                return victim
+                return victim, "abandoned"
         if self.trailing and (lru_hit or not known):
-            before = float("inf")  # any chunk LRU let go
+            before, why = float("inf"), "lru"  # any chunk LRU let go
         elif not known and self.accesses - self.new_job_at < self.chunks:
-            before = self.new_job_at  # the new job's: those not read since it started
+            before, why = self.new_job_at, "new_job"  # those not read since it started
         else:
             return None
         last, victim = self._least_recently_read(evictable)
-        return victim if victim is not None and victim not in self.lru and last < before \
-            else None
+        return (victim, why) if victim is not None and victim not in self.lru \
+            and last < before else None
 
     def _abandoned(self, evictable: Callable[[bytes], bool]) -> bytes | None:
         for _ in range(min(len(self._gaps), SKIPPED_MAX + 1)):
