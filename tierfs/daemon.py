@@ -130,11 +130,16 @@ async def _serve_locked(cfg: MountConfig, cache_dir: str, on_ready: Callable[[],
             options.add("ro")
         if cfg.allow_other:
             options.add("allow_other")
-        pyfuse3.init(ops, cfg.mountpoint, options)
         why = "stopping on an error (logged next)"  # the log says why the daemon stopped
+        mounted = False
         try:
             async with trio.open_nursery() as nursery:
+                # the control socket before the mount: whoever sees the mount in
+                # /proc/mounts (tierfs_mounts) can reach it (CI saw FileNotFoundError on
+                # the socket of a mount just up, test_control_socket_is_private...)
                 await nursery.start(_serve_control, control, core.tasks)
+                pyfuse3.init(ops, cfg.mountpoint, options)
+                mounted = True
                 nursery.start_soon(_stop_on_signal)
                 nursery.start_soon(_announce_ready, cfg.mountpoint, on_ready)
                 await pyfuse3.main()
@@ -148,8 +153,9 @@ async def _serve_locked(cfg: MountConfig, cache_dir: str, on_ready: Callable[[],
                                 "uploaded at the next mount of this cache dir")
                 nursery.cancel_scope.cancel()
         finally:
-            pyfuse3.close(unmount=True)
-            log.info("unmounted %s: %s", cfg.mountpoint, why)
+            if mounted:
+                pyfuse3.close(unmount=True)
+                log.info("unmounted %s: %s", cfg.mountpoint, why)
         core.cancel()
 
 
