@@ -122,6 +122,13 @@ class _Builder:
         self.chunks.extend(ids)
         self.writes.extend([False] * len(ids))
 
+    def read_shuffled(self, ids: list[int], rng: random.Random) -> list[int]:
+        """Read `ids` in a new random order (a shuffled copy); that order."""
+        order = ids[:]
+        rng.shuffle(order)
+        self.read(order)
+        return order
+
     def write(self, ids: list[int]) -> None:
         self.chunks.extend(ids)
         self.writes.extend([True] * len(ids))
@@ -137,9 +144,9 @@ def epochs(cache: int, rng: random.Random, *, shuffled: bool = False, size: floa
     data = b.fresh(int(size * cache))
     for _ in range(count):
         if shuffled:
-            data = data[:]
-            rng.shuffle(data)
-        b.read(data)
+            data = b.read_shuffled(data, rng)
+        else:
+            b.read(data)
     order = "each in a new random order" if shuffled else "sequential"
     return b.trace("epochs-shuffled" if shuffled else "epochs",
                    f"{count} epochs over {size}x the cache, {order}")
@@ -154,9 +161,7 @@ def jobs(cache: int, rng: random.Random, *, size: float = 0.8, count: int = 3,
         b.job()
         data = b.fresh(int(size * cache))
         for _ in range(epochs):
-            data = data[:]
-            rng.shuffle(data)
-            b.read(data)
+            data = b.read_shuffled(data, rng)
     return b.trace("jobs", f"{count} jobs in a row, each {epochs} shuffled epochs over a data "
                    f"set of its own of {size}x the cache, each job's first open told to "
                    "admission (untold, a new job's first epoch reads as epochs+pass's pass)")
@@ -172,12 +177,8 @@ def epochs_and_pass(cache: int, rng: random.Random, *, size: float = 0.8, before
     data = b.fresh(int(size * cache))
     for epoch in range(before + after):
         if epoch == before:
-            once = b.fresh(int(size * cache))
-            rng.shuffle(once)
-            b.read(once)
-        data = data[:]
-        rng.shuffle(data)
-        b.read(data)
+            b.read_shuffled(b.fresh(int(size * cache)), rng)
+        data = b.read_shuffled(data, rng)
     return b.trace("epochs+pass", f"{before + after} shuffled epochs over {size}x the cache, "
                    f"a one-shot pass over {size}x new chunks after the {before}th: to the "
                    "pass's end the same accesses as jobs")

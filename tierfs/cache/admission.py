@@ -327,11 +327,12 @@ class Admission:
         """(accesses at its last read, key) of the cached chunks (`_once` and `_gaps`, each
         in read order), or (0, None)."""
         fronts = []
-        for vkey in (self._evictable_front(self._once, evictable),
-                     self._evictable_front(self._gaps, evictable)):
-            if vkey is not None:
-                fronts.append((self._once[vkey] if vkey in self._once else self._gaps[vkey][1],
-                               vkey))
+        once = self._evictable_front(self._once, evictable)
+        if once is not None:
+            fronts.append((self._once[once], once))
+        gaps = self._evictable_front(self._gaps, evictable)
+        if gaps is not None:
+            fronts.append((self._gaps[gaps][1], gaps))
         return min(fronts) if fronts else (0, None)
 
     @staticmethod
