@@ -126,6 +126,12 @@ class StaleObject(TierfsError):
     errno = errno.ESTALE
 
 
+class BaseChanged(StaleObject):
+    """A file written here over an object's version (a partial write) cannot be saved as
+    written: the store no longer has that version and this node does not hold all of its
+    bytes, so the untouched parts cannot be copied nor sent (writeback.py)."""
+
+
 class CacheCorrupt(TierfsError):
     """A disk-tier chunk failed its checksum or is missing; the caller refetches it."""
 

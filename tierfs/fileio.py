@@ -26,9 +26,10 @@ import itertools
 import logging
 import os
 import time
+from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
 from time import perf_counter
-from typing import Callable
+from typing import AsyncIterator, Callable, Iterable
 
 import trio
 
@@ -41,6 +42,7 @@ from .fetch import Fetcher
 from .meta import Inode
 from .metrics import Metrics
 from .namespace import Caller, Namespace
+from .pagecache import UNSAVED, PageCache
 from .prefetch import Prefetcher, ReadPattern
 from .stalls import StallLog
 from .tenants import DEFAULT
@@ -66,6 +68,7 @@ class OpenFile:
     wrote: bool = False
     # opened or read while the file had unsaved writes: its version is the DirtyFile's
     read_unsaved: bool = False
+    direct: bool = False  # its reads go around the kernel's page cache (pagecache.py)
     tenant: str = DEFAULT  # of the key at open (tierfs/tenants.py)
     reader: str = "uid:0"  # the opener: job:N, pod:UID or uid:N (tierfs/callers.py)
     # chunks brought in for this handle (read ahead, or fetched on its own miss): how far
@@ -92,11 +95,9 @@ class FileIO:
         self.chunk_size = fetcher.chunk_size
         self._handles: dict[int, OpenFile] = {}
         self._next_fh = itertools.count(1)
-        # ETag of each inode's newest open: a handle on another ETag is an older version
-        self._opened_etag: dict[int, str] = {}
-        # inodes whose kernel-cached size or pages may belong to another version: an old
-        # handle's short read at its EOF makes the kernel shrink the file's size
-        self._kernel_stale: set[int] = set()
+        # which version the kernel's pages of each file hold, and which handles go
+        # around them: two versions' bytes never meet in one read
+        self.pages = PageCache()
         self.usage = usage
         self.callers = callers
         self.tenant_of = tenant_of
@@ -128,10 +129,10 @@ class FileIO:
                     raise
         self._handles[h.fh] = h
         h.read_unsaved = bool(self.wb and self.wb.is_dirty(ino))
-        keep = (self._opened_etag.get(ino) == node.etag and ino not in self._kernel_stale
-                and not h.read_unsaved)
-        self._opened_etag[ino] = node.etag
-        self._kernel_stale.discard(ino)
+        keep, h.direct = self.pages.open(ino, h.fh, UNSAVED if h.read_unsaved else node.etag)
+        # pages kept are served by the kernel without asking us: as good as served, so
+        # the handle never moves to another version under them
+        h.served = keep and not h.direct
         return h, keep
 
     def _open_dirty(self, node: Inode, *, truncate: bool) -> DirtyFile:
@@ -168,7 +169,8 @@ class FileIO:
         self._attribute(h, reader)
         h.dirty = self._open_dirty(node, truncate=True)
         self._handles[h.fh] = h
-        self._opened_etag[node.ino] = node.etag
+        h.read_unsaved = True
+        self.pages.open(node.ino, h.fh, UNSAVED)
         return h, node
 
     def _version(self, node: Inode) -> ObjectVersion:
@@ -176,7 +178,10 @@ class FileIO:
 
     async def release(self, fh: int) -> None:
         h = self._handles.pop(fh, None)
-        if h is not None and h.dirty is not None and self.wb is not None:
+        if h is None:
+            return
+        self.pages.close(h.node.ino, fh)
+        if h.dirty is not None and self.wb is not None:
             await self._release_dirty(h.dirty)
 
     async def _release_dirty(self, d: DirtyFile) -> None:
@@ -184,40 +189,53 @@ class FileIO:
         if await self.wb.release(d):  # type: ignore[union-attr]
             # a failed write's changes were dropped: what the kernel cached of them (pages,
             # size) must not outlive them; the next open asks again
-            self._kernel_stale.add(d.ino)
-            self._opened_etag.pop(d.ino, None)
+            self.pages.forget(d.ino)
 
-    async def read(self, fh: int, offset: int, size: int) -> bytes:
+    async def read(self, fh: int, offset: int, size: int) -> bytes | memoryview:
         h = self._handles[fh]
-        d = self.wb.get(h.node.ino) if self.wb is not None else None
+        ino = h.node.ino
+        d = self.wb.get(ino) if self.wb is not None else None
         if d is not None:
             h.read_unsaved = True
-            return await self.wb.read(d, offset, size)  # type: ignore[union-attr]
-        if h.read_unsaved:
-            # the unsaved data this handle was reading has just been uploaded: the new
-            # version holds exactly those bytes, so the handle moves to it
-            h.read_unsaved = False
-            h.node = self.ns.inode(h.node.ino)
-            h.obj = self._version(h.node)
-            self._opened_etag[h.node.ino] = h.obj.etag
-        newest = self._opened_etag.get(h.node.ino)
-        if newest != h.obj.etag:
-            self._kernel_stale.add(h.node.ino)
+            data = await self.wb.read(d, offset, size)  # type: ignore[union-attr]
+            self.pages.served(ino, fh, UNSAVED)
+            return data
+        if h.read_unsaved or self.pages.newest(ino) == UNSAVED:
+            self._uploaded(ino)
+        newest = self.pages.newest(ino)
+        if newest is not None and newest != h.obj.etag:
+            # an old version: its short read at its EOF makes the kernel shrink the size
+            self.pages.forget(ino)
             if not h.served:  # nothing of the old version served yet: move to the newest
-                node = self.ns.inode(h.node.ino)
-                h.node, h.obj = node, self._version(node)
+                node = self.ns.inode(ino)
+                if node.etag == newest and self.pages.may_move(ino, fh, newest):
+                    h.node, h.obj = node, self._version(node)
         try:
-            return await self._read(h, offset, size)
+            data = await self._read(h, offset, size)
         except PreconditionFailed:
             node = await self.ns.refresh(h.node)
-            if h.served or node.etag == h.obj.etag:
+            if (h.served or node.etag == h.obj.etag
+                    or not self.pages.may_move(ino, fh, node.etag)):
                 raise StaleObject(f"{h.obj.key!r} changed while open; reopen it") from None
             log.info("%r changed before its first read; reading the new version", h.obj.key)
             h.node, h.obj = node, self._version(node)
-            return await self._read(h, offset, size)
+            data = await self._read(h, offset, size)
         except BackendError as exc:
             log.error("read of %r at offset %d failed: %s", h.obj.key, offset, exc)
             raise
+        self.pages.served(ino, fh, h.obj.etag)
+        return data
+
+    def _uploaded(self, ino: int) -> None:
+        """The unsaved data this node's handles of `ino` read was uploaded: the version
+        now in the index holds exactly those bytes, so every handle moves to it (on one
+        node a reader sees what writers wrote, as POSIX says)."""
+        node = self.ns.inode(ino)
+        new = self._version(node)
+        for h in self._handles.values():
+            if h.node.ino == ino:
+                h.node, h.obj, h.read_unsaved = node, new, False
+        self.pages.relabel(ino, new.etag)
 
     async def _read(self, h: OpenFile, offset: int, size: int) -> bytes | memoryview:
         obj = h.obj
@@ -420,10 +438,31 @@ class FileIO:
 
     async def unlink(self, parent: int, name: bytes) -> None:
         node = await self.ns.lookup(parent, name)
-        d = self.wb.get(node.ino) if self.wb is not None else None
-        if d is not None:
-            await self.wb.discard(d)  # type: ignore[union-attr]
-        await self.ns.unlink(parent, name)
+        async with self._holding(supersede=[node]):
+            await self.ns.unlink(parent, name)
+
+    @asynccontextmanager
+    async def _holding(self, commit: Iterable[Inode] = (),
+                       supersede: Iterable[Inode] = ()) -> AsyncIterator[None]:
+        """Hold still the unsaved files among these nodes while the caller changes their
+        names on the store: those in `commit` are uploaded first and copied as uploaded,
+        those in `supersede` have their pending uploads superseded if the caller succeeds
+        and kept as they were if it fails (writeback.py: WriteBack.superseding). Taken in
+        inode order, so two renames in opposite directions cannot wait on each other."""
+        wb = self.wb
+        held: dict[int, tuple[DirtyFile, bool]] = {}
+        if wb is not None:
+            for nodes, copied in ((commit, True), (supersede, False)):
+                for node in nodes:
+                    d = wb.get(node.ino)
+                    if d is not None:
+                        held[node.ino] = (d, copied)
+        async with AsyncExitStack() as stack:
+            for ino in sorted(held):
+                d, copied = held[ino]
+                await stack.enter_async_context(
+                    wb.committed(d) if copied else wb.superseding(d))  # type: ignore[union-attr]
+            yield
 
     async def rename(self, parent: int, name: bytes, new_parent: int, new_name: bytes,
                      flags: int) -> None:
@@ -448,25 +487,28 @@ class FileIO:
                            new_parent: int, new_name: bytes) -> None:
         if target is not None and target.is_dir:
             raise IsADirectory(target.key)
-        d = self.wb.get(node.ino) if self.wb is not None else None
-        if d is not None:
-            # S3 has no rename: the source must exist as an object before it is copied
-            await self.wb.commit(d)  # type: ignore[union-attr]
+        # S3 has no rename: the source must exist as an object before it is copied, and
+        # no upload of the source or of the target may land between the copy and the end
+        async with self._holding(commit=[node], supersede=[target] if target else []):
             node = self.ns.inode(node.ino)
-        new_key = self.ns.new_key(dest_dir, new_name)
-        old = self._version(node)
-        etag = await self.ns.backend.copy(node.key, new_key, node.etag)
-        new = ObjectVersion(self.bucket, new_key, etag, node.size)
-        await self.cache.rekey(old, new, range(-(-node.size // self.chunk_size)))
-        if target is not None and self.wb is not None and self.wb.get(target.ino) is not None:
-            await self.wb.discard(self.wb.get(target.ino))  # type: ignore[arg-type]
-        await self.ns.backend.delete(node.key)
-        node.etag = etag
-        node.attrs.seen = etag  # the copy carries the source's metadata
-        self.ns.renamed(node, new_parent, new_name, new_key)
-        if d is not None:
-            d.key, d.base = new_key, new
-        self._opened_etag.pop(node.ino, None)
+            new_key = self.ns.new_key(dest_dir, new_name)
+            old = self._version(node)
+            etag = await self.ns.backend.copy(node.key, new_key, node.etag)
+            new = ObjectVersion(self.bucket, new_key, etag, node.size)
+            await self.cache.rekey(old, new, range(-(-node.size // self.chunk_size)))
+            await self.ns.backend.delete(node.key)
+            node.etag = etag
+            node.attrs.seen = etag  # the copy carries the source's metadata
+            self.ns.renamed(node, new_parent, new_name, new_key)
+            d = self.wb.get(node.ino) if self.wb is not None else None
+            if d is not None:  # still open for writing: its next upload goes to the new name
+                d.key, d.base = new_key, new
+        # the copy holds the same bytes: handles of the version copied read it on
+        node = self.ns.inode(node.ino)
+        for h in self._handles.values():
+            if h.node.ino == node.ino and h.obj.etag == old.etag:
+                h.node, h.obj = node, new
+        self.pages.relabel(node.ino, etag, old.etag)
 
     async def _rename_dir(self, node: Inode, target: Inode | None, dest_dir: Inode,
                           new_parent: int, new_name: bytes) -> None:
@@ -476,20 +518,25 @@ class FileIO:
             await self.ns.rmdir(new_parent, new_name)  # raises NotEmpty unless empty
         if dest_dir.key.startswith(node.key):
             raise InvalidArgument("cannot move a directory into itself")
-        if self.wb is not None:  # unsaved files inside must exist as objects to be copied
-            for d in list(self.wb.files.values()):
-                if d.key.startswith(node.key) and not d.unlinked:
-                    await self.wb.commit(d)
-        objects = await self.ns.list_tree(node.key, self.rename_max_objects)
+        inside = [self.ns.inode(d.ino) for d in (self.wb.files.values() if self.wb else ())
+                  if d.key.startswith(node.key) and not d.unlinked]
+        # unsaved files inside must exist as objects to be copied, and stay as copied
+        async with self._holding(commit=inside):
+            await self._move_tree(node, dest_dir, new_parent, new_name)
+
+    async def _move_tree(self, node: Inode, dest_dir: Inode, new_parent: int,
+                         new_name: bytes) -> None:
+        old_prefix = node.key  # renamed() below moves node itself to the new key
+        objects = await self.ns.list_tree(old_prefix, self.rename_max_objects)
         if objects is None:
-            raise CrossDevice(f"{node.key} holds more than {self.rename_max_objects} objects")
+            raise CrossDevice(f"{old_prefix} holds more than {self.rename_max_objects} objects")
         new_prefix = self.ns.new_key(dest_dir, new_name, "/")
         limiter = trio.CapacityLimiter(8)
         moved: dict[str, ObjectVersion] = {}
 
         async def move(obj) -> None:  # noqa: ANN001 - ObjectMeta
             async with limiter:
-                key = new_prefix + obj.key[len(node.key):]
+                key = new_prefix + obj.key[len(old_prefix):]
                 etag = await self.ns.backend.copy(obj.key, key, obj.etag)
                 new = moved[obj.key] = ObjectVersion(self.bucket, key, etag, obj.size)
                 await self.cache.rekey(ObjectVersion(self.bucket, obj.key, obj.etag, obj.size),
@@ -504,12 +551,13 @@ class FileIO:
         self.ns.renamed(node, new_parent, new_name, new_prefix)
         # files still open for writing inside follow the directory, as POSIX handles do
         for d in list(self.wb.files.values()) if self.wb is not None else ():
-            if d.key.startswith(node.key):
+            if d.key.startswith(old_prefix):
                 if d.base is not None and d.base.key in moved:
                     d.base = moved[d.base.key]
-                d.key = new_prefix + d.key[len(node.key):]
-        for ino in [i for i, h in self._handles.items() if h.obj.key.startswith(node.key)]:
-            h = self._handles[ino]
-            if h.obj.key in moved:
+                d.key = new_prefix + d.key[len(old_prefix):]
+        for h in self._handles.values():
+            if h.obj.key in moved:  # the copy holds the same bytes
+                self.pages.relabel(h.node.ino, moved[h.obj.key].etag, h.obj.etag)
                 h.obj = moved[h.obj.key]
-            h.node = self.ns.inode(h.node.ino)
+            if h.obj.key.startswith(old_prefix) or h.node.key.startswith(old_prefix):
+                h.node = self.ns.inode(h.node.ino)

@@ -190,7 +190,7 @@ class FuseOps(pyfuse3.Operations):
             self._writable()
         # the caller is who reads through this handle (usage: docs/tenants.md, "Readers")
         h, keep = await self.io.open(inode, flags, ctx.pid, ctx.uid)
-        if not keep:
+        if not keep or h.direct:
             # the kernel may hold the size of an older version from its last lookup; make it
             # ask again, or reads would stop at the old size. Attribute-only invalidation
             # takes no lock that this open holds, so it is safe before we reply.
@@ -198,7 +198,8 @@ class FuseOps(pyfuse3.Operations):
                 await trio.to_thread.run_sync(pyfuse3.invalidate_inode, inode, True)
             except OSError:
                 pass  # the kernel forgot the inode: nothing cached to correct
-        return pyfuse3.FileInfo(fh=h.fh, keep_cache=keep)
+        # direct: an older version's handles read through the page cache (pagecache.py)
+        return pyfuse3.FileInfo(fh=h.fh, keep_cache=keep, direct_io=h.direct)
 
     @_op("read")
     async def read(self, fh: int, off: int, size: int) -> bytes:

@@ -85,8 +85,8 @@ import trio
 
 from .backend.runner import AsyncBackend
 from .cache import ChunkCache, Fill, ObjectVersion
-from .errors import (AccessDenied, CacheUnwritable, EarlierWriteFailed, NoSpace, NoSuchBucket,
-                     NotFound, PreconditionFailed, TierfsError)
+from .errors import (AccessDenied, BaseChanged, CacheUnwritable, EarlierWriteFailed, NoSpace,
+                     NoSuchBucket, NotFound, PreconditionFailed, TierfsError)
 from .integrity import chunk_crcs_metadata, crc32c
 from .meta import MetaStore
 from .metrics import Metrics
@@ -242,6 +242,7 @@ class WriteBack:
         self._marker_until: dict[str, float] = {}
         self._started = time.time()  # markers of an earlier daemon ended before this
         # (wall time, not `clock`: it is compared with the store's Initiated times)
+        self._given_up: set[str] = set()  # ids this daemon stopped owning (for the log)
         self._sweeping = False
         self._sweep_again = False
         self._sweep_failures = 0
@@ -418,46 +419,104 @@ class WriteBack:
             return
         if self.writeback:
             async with d.lock:
+                try:
+                    await self._own_base(d)
+                except TierfsError as exc:
+                    d.failed = exc  # not acknowledged: the release drops it, logged
+                    raise
                 await self._journal(d)
             return
         await self.commit(d)
 
+    async def _own_base(self, d: DirtyFile) -> None:
+        """Take into the staging file every chunk of the base version the writes left
+        alone, so that what is uploaded is the version the writer saw, whatever another
+        client does to the object meanwhile (its copy server-side needs that version on
+        the store). Write-back does it before close() acknowledges; an upload whose
+        server-side copy found the base replaced does it then. BaseChanged when the base
+        is gone and this node does not hold its bytes."""
+        if d.base is None:
+            return
+        cs = self.chunk_size
+        for index in range(-(-min(d.base_valid, d.size) // cs)):
+            if index not in d.materialized:
+                try:
+                    await self._materialize(d, index, 0, 0)
+                except PreconditionFailed:
+                    raise BaseChanged(
+                        f"{d.key!r} was replaced on the store since it was opened, and the "
+                        f"part of it the writes left alone is not on this node: the "
+                        f"writes cannot be saved; reopen the file") from None
+
     async def commit(self, d: DirtyFile) -> None:
         """Upload now and return once the object store has this generation (fsync)."""
         async with d.lock:
-            if d.unlinked or self.files.get(d.ino) is not d:
-                return  # uploaded and forgotten while we waited
-            await self._settle(d)  # a rename's copy is linked to what is cached
-            if d.failed is not None:
-                raise d.sticky_error("fsync")
-            if d.clean:
-                return
-            try:
-                await self._upload(d)
-            except BaseException as exc:
-                if is_cancellation(exc):  # unmount: a journaled file is tried next mount
-                    raise
-                self.metrics.uploads.labels("failure").inc()
-                with trio.CancelScope(shield=True):
-                    try:
-                        await self._journal(d)
-                    except Exception as jexc:  # noqa: BLE001 - the retry must still happen
-                        log.error("could not journal %r (%s): it is retried while this "
-                                  "daemon runs, but a crash would lose it", d.key, jexc)
-                delay = self._retry_later(d)
-                if isinstance(exc, TierfsError):
-                    log.error("upload of %r failed: %s; trying again in %.0fs (failed %d "
-                              "times in a row)", d.key, exc, delay, d.failures)
-                else:  # a bug: still never lose the file
-                    self.metrics.internal_errors.labels("upload").inc()
-                    log.error("upload of %r failed unexpectedly; trying again in %.0fs",
-                              d.key, delay, exc_info=exc)
-                raise
-            d.failures = 0
-            self._retry_at.pop(d.ino, None)
-            await self._after_upload(d)
+            await self._commit_locked(d)
         if self._unowned_records():
             self._queue_send.send_nowait(_SWEEP)  # e.g. the upload of a failed attempt
+
+    @asynccontextmanager
+    async def committed(self, d: DirtyFile) -> AsyncIterator[None]:
+        """commit(d), then hold d still (no write, no upload) while the caller copies its
+        object elsewhere (a rename): the store keeps exactly what was copied."""
+        async with d.lock:
+            await self._commit_locked(d)
+            yield
+
+    @asynccontextmanager
+    async def superseding(self, d: DirtyFile) -> AsyncIterator[None]:
+        """Hold d's pending upload still while the caller deletes or replaces its name on
+        the store (unlink, rename over it): an upload under way ends first (it holds the
+        lock) and no other starts. If the caller's block succeeds, d's unsaved data has
+        nowhere to go: it is superseded (forgotten once no writer holds it). If it fails,
+        d stays as it was, its upload still pending: an unlink or rename that failed
+        changed nothing."""
+        async with d.lock:
+            yield
+            d.unlinked = True
+            if d.stream is not None:
+                self._abandon(d, d.stream)
+            if d.writers == 0:
+                self._forget(d)
+
+    async def _commit_locked(self, d: DirtyFile) -> None:
+        if d.unlinked or self.files.get(d.ino) is not d:
+            return  # uploaded and forgotten while we waited
+        await self._settle(d)  # a rename's copy is linked to what is cached
+        if d.failed is not None:
+            raise d.sticky_error("fsync")
+        if d.clean:
+            return
+        try:
+            await self._upload(d)
+        except BaseException as exc:
+            if is_cancellation(exc):  # unmount: a journaled file is tried next mount
+                raise
+            if isinstance(exc, BaseChanged):  # no retry can help: the failed state
+                d.failed = exc
+                log.error("%s", exc)
+                if d.writers == 0:
+                    self._forget(d)
+                raise
+            self.metrics.uploads.labels("failure").inc()
+            with trio.CancelScope(shield=True):
+                try:
+                    await self._journal(d)
+                except Exception as jexc:  # noqa: BLE001 - the retry must still happen
+                    log.error("could not journal %r (%s): it is retried while this "
+                              "daemon runs, but a crash would lose it", d.key, jexc)
+            delay = self._retry_later(d)
+            if isinstance(exc, TierfsError):
+                log.error("upload of %r failed: %s; trying again in %.0fs (failed %d "
+                          "times in a row)", d.key, exc, delay, d.failures)
+            else:  # a bug: still never lose the file
+                self.metrics.internal_errors.labels("upload").inc()
+                log.error("upload of %r failed unexpectedly; trying again in %.0fs",
+                          d.key, delay, exc_info=exc)
+            raise
+        d.failures = 0
+        self._retry_at.pop(d.ino, None)
+        await self._after_upload(d)
 
     async def release(self, d: DirtyFile) -> bool:
         """The last close of a writer: schedule the upload (write-back) or forget the file.
@@ -469,7 +528,7 @@ class WriteBack:
             if d.writers > 0:
                 return False
             if d.failed is not None and not d.unlinked:
-                if not d.journaled:
+                if not d.journaled or isinstance(d.failed, BaseChanged):
                     log.warning("%r: an earlier write failed (%s) and no write succeeded "
                                 "after it; its unsaved changes are dropped, the object store "
                                 "keeps its previous version", d.key, d.failed)
@@ -496,21 +555,13 @@ class WriteBack:
         await trio.to_thread.run_sync(self.meta.put_dirty, d.ino, d.record())
         d.journaled = True
 
-    async def discard(self, d: DirtyFile) -> None:
-        """The file was unlinked: its unsaved data has nowhere to go."""
-        d.unlinked = True
-        if d.stream is not None:
-            self._abandon(d, d.stream)
-        async with d.lock:
-            if d.writers == 0:
-                self._forget(d)
-
     def _forget(self, d: DirtyFile) -> None:
         if self.files.get(d.ino) is not d:
             return
         if d.stream is not None:
             self._abandon(d, d.stream)
         if d.upload_id is not None and self._owned.pop(d.upload_id, None) is not None:
+            self._given_up.add(d.upload_id)
             self._queue_send.send_nowait(_SWEEP)  # a failed attempt's: cleanup's now
         del self.files[d.ino]
         self._retry_at.pop(d.ino, None)
@@ -545,13 +596,23 @@ class WriteBack:
         if size <= self.part_size:
             if d.stream is not None:  # streamed, then cut back to one part: a PUT after all
                 self._abandon(d, d.stream)
-            data = await self.read(d, 0, size)
+            try:
+                data = await self.read(d, 0, size)
+            except PreconditionFailed:  # a base chunk not cached and replaced on the store
+                await self._own_base(d)
+                data = await self.read(d, 0, size)
             cs = self.chunk_size
             crcs = await trio.to_thread.run_sync(_chunk_crcs_of, data, cs)
             metadata = self._with_crcs(d, crcs)
             etag = (await self.backend.put(d.key, data, metadata)).etag
         else:
-            etag = await self._multipart(d, size)
+            try:
+                etag = await self._multipart(d, size)
+            except PreconditionFailed:
+                # a part copied server-side: the base was replaced on the store. Upload
+                # the version the writer saw whole, if this node holds its bytes
+                await self._own_base(d)
+                etag = await self._multipart(d, size)
             d.stream = None
         new = ObjectVersion(self.bucket, d.key, etag, size)
         await self._uploaded(d, new)
@@ -604,9 +665,9 @@ class WriteBack:
             self._abandon(d, s)
         if d.upload_id is not None:  # an earlier attempt's: parts cost storage until aborted
             old, d.upload_id = d.upload_id, None
-            self._owned.pop(old, None)
+            key = self._owned.pop(old, d.key)  # its key: the file may be renamed since
             try:
-                await self.backend.mpu_abort(d.key, old)
+                await self.backend.mpu_abort(key, old)
                 await trio.to_thread.run_sync(self.meta.delete_upload, old)
             except TierfsError as exc:  # recorded, owned by nobody: orphan cleanup's now
                 log.info("could not abort the earlier upload of %r yet: %s", d.key, exc)
@@ -814,6 +875,7 @@ class WriteBack:
     def _disown(self, s: Stream) -> None:
         """s's upload is no longer ours: orphan cleanup aborts it (it stays recorded)."""
         if s.upload_id is not None and self._owned.pop(s.upload_id, None) is not None:
+            self._given_up.add(s.upload_id)
             self._queue_send.send_nowait(_SWEEP)
 
     def _abandon(self, d: DirtyFile, s: Stream, *, keep: bool = False) -> None:
@@ -909,7 +971,11 @@ class WriteBack:
             return
         await self.backend.mpu_abort(key, rid)  # NoSuchUpload counts as done
         await trio.to_thread.run_sync(self.meta.delete_upload, rid)
-        log.info("aborted an unfinished upload of %r (id %s) that no file owns", key, rid)
+        if rid in self._given_up:  # an abandoned stream, a failed attempt of a file gone
+            self._given_up.discard(rid)
+            log.debug("aborted the upload of %r (id %s) this daemon gave up", key, rid)
+        else:
+            log.info("aborted an unfinished upload of %r (id %s) that no file owns", key, rid)
 
     async def _abort_lost(self, key: str, markers: list[str]) -> None:
         """Uploads of `key` created under these pending markers whose ids we never learned:
