@@ -278,7 +278,7 @@ def _start_services(core: Core) -> None:
     tasks.supervise("flusher", core.cache.run_flusher)
     for _ in range(UPLOADERS):
         tasks.supervise("uploader", core.writeback.run_uploader)
-    tasks.supervise("orphan-cleanup", _then_idle, core.writeback.abort_orphaned_uploads)
+    tasks.supervise("orphan-cleanup", core.writeback.run_orphan_cleanup)
     tasks.supervise("pin-expiry", _expire_pins, core.cache)
     if core.cache.idle_sweep_interval() is not None:  # a tenant has a max_idle
         tasks.supervise("idle-sweep", core.cache.run_idle_sweeper)
@@ -306,13 +306,6 @@ async def _flush_usage(usage: Usage | Analytics) -> None:
     except Exception as exc:  # noqa: BLE001 - usage is a report
         log.warning("%s counts since the last flush not kept: %s", type(usage).__name__.lower(),
                     exc)
-
-
-async def _then_idle(fn: Callable[[], Awaitable[None]]) -> None:
-    """Run a job that finishes, then stay: to the supervisor a return means a bug, a raise
-    means run it again (after backoff) - which is what a failed cleanup wants."""
-    await fn()
-    await trio.sleep_forever()
 
 
 async def _expire_pins(cache: ChunkCache, interval_s: float = PIN_EXPIRY_INTERVAL_S) -> None:

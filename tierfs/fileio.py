@@ -129,10 +129,11 @@ class FileIO:
                     raise
         self._handles[h.fh] = h
         h.read_unsaved = bool(self.wb and self.wb.is_dirty(ino))
-        keep, h.direct = self.pages.open(ino, h.fh, UNSAVED if h.read_unsaved else node.etag)
-        # pages kept are served by the kernel without asking us: as good as served, so
-        # the handle never moves to another version under them
-        h.served = keep and not h.direct
+        version = UNSAVED if h.read_unsaved else node.etag
+        # pages of its version are served by the kernel without asking us: as good as
+        # served, so the handle never moves to another version under them
+        h.served = self.pages.holds(ino, version)
+        keep, h.direct = self.pages.open(ino, h.fh, version)
         return h, keep
 
     def _open_dirty(self, node: Inode, *, truncate: bool) -> DirtyFile:
@@ -519,7 +520,7 @@ class FileIO:
         if dest_dir.key.startswith(node.key):
             raise InvalidArgument("cannot move a directory into itself")
         inside = [self.ns.inode(d.ino) for d in (self.wb.files.values() if self.wb else ())
-                  if d.key.startswith(node.key) and not d.unlinked]
+                  if d.key.startswith(node.key) and not d.superseded]
         # unsaved files inside must exist as objects to be copied, and stay as copied
         async with self._holding(commit=inside):
             await self._move_tree(node, dest_dir, new_parent, new_name)

@@ -42,11 +42,16 @@ class PageCache:
             # a handle of another version reads through the pages: stay out of them
             self._direct[fh] = ino
             return True, True
-        keep = self._pages.get(ino, _UNKNOWN) == version and version != UNSAVED
+        keep = self._pages.get(ino, _UNKNOWN) in (None, version) and version != UNSAVED
         if not keep:
             self._pages[ino] = None  # the kernel drops the pages at this open
         cached[fh] = version
         return keep, False
+
+    def holds(self, ino: int, version: str) -> bool:
+        """Whether the pages hold bytes of `version`: the kernel may answer a handle of it
+        from them without asking us."""
+        return self._pages.get(ino) == version
 
     def newest(self, ino: int) -> str | None:
         return self._newest.get(ino)

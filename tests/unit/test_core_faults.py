@@ -295,8 +295,8 @@ async def test_failed_orphan_cleanup_runs_again(tmp_path, caplog, monkeypatch):
     async with rig as c:
         c.core.writeback.meta.put_upload(upload_id, "orphan")
     calls: list = []
-    monkeypatch.setattr(WriteBack, "abort_orphaned_uploads",
-                        fail_first(1, WriteBack.abort_orphaned_uploads, calls))
+    monkeypatch.setattr(WriteBack, "run_orphan_cleanup",
+                        fail_first(1, WriteBack.run_orphan_cleanup, calls))
     _, _, rig = fault_core(tmp_path, FaultBackend(inner))
     async with rig as c:
         await eventually(lambda: not c.core.writeback.meta.uploads())

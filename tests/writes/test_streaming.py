@@ -30,7 +30,7 @@ async def write_streamed(r, d: DirtyFile, data: bytes, piece: int = MiB) -> None
     """Write data sequentially, then wait for the background parts it completed."""
     for off in range(0, len(data), piece):
         await r.wb.write(d, off, data[off:off + piece])
-    await r.wait_for(lambda: r.wb._stream_recv.statistics().current_buffer_used == 0
+    await r.wait_for(lambda: r.wb.uploader._stream_recv.statistics().current_buffer_used == 0
                      and (d.stream is None or d.stream.inflight == 0))
 
 
@@ -174,8 +174,8 @@ async def test_store_down_at_close_keeps_the_file_and_uploads_it_later(tmp_path)
 async def test_a_file_too_large_to_copy_keeps_its_stream_and_first_metadata(tmp_path, monkeypatch):
     # COPY_MAX (5 GiB in S3) scaled down: the parts already sent are not sent again, and
     # the object keeps the metadata its upload was created with (no copy onto itself)
-    import tierfs.writeback as writeback
-    monkeypatch.setattr(writeback, "COPY_MAX", 2 * PART)
+    import tierfs.writeback.upload as upload
+    monkeypatch.setattr(upload, "COPY_MAX", 2 * PART)
     fb, inner = file_backend(tmp_path)
     data = payload("big", SIZE)
     async with wb_rig(tmp_path, fb, writeback=False) as r:
@@ -259,14 +259,14 @@ async def test_reads_while_the_chunks_move_see_the_written_bytes(tmp_path, monke
     data = payload("moving", SIZE)
     async with wb_rig(tmp_path, fb, writeback=False) as r:
         d = await r.open(2, "m.bin")
-        real_move, seen = r.wb._move, []
+        real_move, seen = r.wb.settler._move, []
 
         async def move(d, new, index):
             seen.append(await r.wb.read(d, 0, SIZE) == data)  # before this chunk moves
             await real_move(d, new, index)
             seen.append(await r.wb.read(d, 0, SIZE) == data)  # after (the file cut behind)
 
-        monkeypatch.setattr(r.wb, "_move", move)
+        monkeypatch.setattr(r.wb.settler, "_move", move)
         await write_streamed(r, d, data)
         await close(r, d, {})
         assert len(seen) == 2 * -(-SIZE // MiB) and all(seen)
@@ -281,13 +281,13 @@ async def test_a_journaled_file_is_unjournaled_before_its_staging_file_is_cut(tm
     fb, inner = file_backend(tmp_path)
     data = payload("journaled", SIZE)
     async with wb_rig(tmp_path, fb, writeback=True) as r:
-        real_move, records = r.wb._move, []
+        real_move, records = r.wb.settler._move, []
 
         async def move(d, new, index):
             records.append(len(list(r.meta.dirty_records())))
             await real_move(d, new, index)
 
-        monkeypatch.setattr(r.wb, "_move", move)
+        monkeypatch.setattr(r.wb.settler, "_move", move)
         await r.write_file(2, "j.bin", data)  # journaled at close, uploaded in the background
         await r.settled()
         assert records and records == [0] * len(records)

@@ -70,7 +70,7 @@ async def test_a_bug_during_an_upload_loses_no_file_and_no_worker(tmp_path):
     fb, inner = file_backend(tmp_path)
     data = payload("bug", BIG)
     async with wb_rig(tmp_path, fb, workers=1) as r:
-        real = r.wb._uploaded
+        real = r.wb.settler.uploaded
         calls = []
 
         async def buggy(d, new, *rest):
@@ -79,7 +79,7 @@ async def test_a_bug_during_an_upload_loses_no_file_and_no_worker(tmp_path):
                 raise ExceptionGroup("injected bug", [RuntimeError("boom")])
             await real(d, new, *rest)
 
-        r.wb._uploaded = buggy
+        r.wb.settler.uploaded = buggy
         await r.write_file(2, "bug.bin", data)
         await r.settled()
         assert stored(inner, "bug.bin") == data
@@ -256,12 +256,13 @@ async def test_a_failed_write_never_drops_acknowledged_changes(tmp_path):
 async def test_a_lost_create_answer_is_found_and_aborted_without_a_remount(tmp_path):
     """CreateMultipartUpload created an upload but its answer was lost: the file's next
     attempt succeeds with a new upload; the lost one (found by its Initiated time) is
-    aborted by the cleanup after that upload, retried while the store fails the listing."""
+    aborted by the cleanup task after that upload (woken by it), retried while the store
+    fails the listing."""
     fb, inner = file_backend(tmp_path)
     fb.lose_create_answers = 1
     fb.fail("mpu_list", 2, BackendUnavailable("injected: connection refused"))
     data = payload("lost", BIG)
-    async with wb_rig(tmp_path, fb, cleanup=False) as r:
+    async with wb_rig(tmp_path, fb) as r:
         await r.write_file(2, "lost.bin", data)
         await r.settled()
         assert stored(inner, "lost.bin") == data

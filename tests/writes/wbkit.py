@@ -183,8 +183,7 @@ class Rig:
 @contextlib.asynccontextmanager
 async def wb_rig(root, backend: FaultyBackend, *, bucket: str = "bucket",
                  writeback: bool = True, chunk_size: int = MiB, cache_size: int = 256 * MiB,
-                 dirty_wait_s: float = 0.5, workers: int = 4,
-                 cleanup: bool = True) -> AsyncIterator[Rig]:
+                 dirty_wait_s: float = 0.5, workers: int = 4) -> AsyncIterator[Rig]:
     """WriteBack wired as the daemon wires it (journal recovered, `workers` uploaders and
     the orphan cleanup running), on ROOT/cache; retry delays shrunk to tens of ms.
     Leaving the block is an unmount without drain: what is not uploaded stays journaled."""
@@ -213,8 +212,7 @@ async def wb_rig(root, backend: FaultyBackend, *, bucket: str = "bucket",
         async with trio.open_nursery() as nursery:
             for _ in range(workers):
                 nursery.start_soon(wb.run_uploader)
-            if cleanup:
-                nursery.start_soon(wb.abort_orphaned_uploads)
+            nursery.start_soon(wb.run_orphan_cleanup)
             yield Rig(wb, backend, meta, cache, metrics, nursery)
             nursery.cancel_scope.cancel()
         with trio.CancelScope(shield=True):
