@@ -42,6 +42,8 @@ _MOUNT_OPTIONS = [
     ("--memory-cache-size", "memory_cache_size", "memory tier size (default 256M)"),
     ("--chunk-size", "chunk_size", "chunk size, a power of two (default 8M)"),
     ("--metadata-ttl", "metadata_ttl", "how long listings and attributes are trusted (default 60s)"),
+    ("--revalidate-timeout", "revalidate_timeout",
+     "past the TTL, serve a known entry if the store has not answered in this long (3s)"),
     ("--metrics-addr", "metrics_addr", "serve Prometheus metrics on HOST:PORT"),
     ("--min-free-ratio", "min_free_ratio", "keep this fraction of the cache filesystem free (0.10)"),
     ("--readahead-chunks", "readahead_chunks", "chunks read ahead of a sequential reader (8)"),

@@ -524,6 +524,10 @@ class MountConfig(BaseModel):
         8 << 20, "size", "64K - 256M, a power of two", "unit of GETs and cache files")
     metadata_ttl: _duration_type() = _field(
         60.0, "duration", "0 - 365d", "how long listings/attributes are trusted")
+    # past the TTL, how long a stat/open/readdir of a known entry waits for the store before
+    # it serves the cached entry (the revalidation goes on in the background)
+    revalidate_timeout: _duration_type() = _field(
+        3.0, "duration", "0 - 365d", "wait this long to revalidate a known entry, then serve it")
     metrics_addr: Annotated[tuple[str, int] | None, BeforeValidator(
         lambda v: None if v is None else _addr_value(v))] = _field(
         None, "addr", "`\"HOST:PORT\"`", "serve Prometheus metrics here")

@@ -210,6 +210,7 @@ def _wire(cfg: MountConfig, metrics: Metrics, backend: AsyncBackend, meta: MetaS
     ns = Namespace(meta, backend, metrics, root_prefix=cfg.source.prefix, analytics=analytics,
                    ttl_s=cfg.metadata_ttl, clock=clock, has_local_writes=wb.is_dirty,
                    tasks=tasks, head_max_size=cfg.meta_head_max_size,
+                   revalidate_timeout_s=cfg.revalidate_timeout,
                    # a shared mount's directories show their real modes from the start
                    head_dirs=cfg.allow_other and cfg.meta_head_max_size >= 0)
     # who reads what (docs/tenants.md, "Readers"), and the reads that stalled

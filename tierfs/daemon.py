@@ -13,6 +13,7 @@ import errno
 import logging
 import os
 import signal
+import subprocess
 from typing import Callable
 
 import pyfuse3
@@ -31,6 +32,8 @@ from .fs import FuseOps
 from .health import PROBE_TIMEOUT_S, BackendHealth
 from .meta import start_probe, stop_probes
 from .metrics import Metrics
+from .mountinfo import Mount as MountEntry
+from .mountinfo import answers, mount_at
 from .runpaths import control_socket
 from .tasks import Tasks
 
@@ -38,6 +41,9 @@ log = logging.getLogger(__name__)
 
 
 def check_mountpoint(path: str) -> None:
+    mounted = mount_at(os.path.realpath(path))  # as the kernel records it
+    if mounted is not None:
+        _clear_dead_mount(mounted.mountpoint, mounted)
     try:
         os.stat(path)
     except FileNotFoundError:
@@ -49,10 +55,32 @@ def check_mountpoint(path: str) -> None:
         raise StartupError(f"mount point {path}: {exc.strerror}") from None
     if not os.path.isdir(path):
         raise StartupError(f"mount point {path} is not a directory")
-    if os.path.ismount(path):
+    if mount_at(os.path.realpath(path)) is not None:
         raise StartupError(f"mount point {path} is already mounted")
     if os.listdir(path):
         raise StartupError(f"mount point {path} is not empty")
+
+
+def _clear_dead_mount(path: str, mounted: MountEntry) -> None:
+    """A mount on the mount point: a live one is an error; the dead FUSE mount a killed
+    tierfs daemon left behind (kill -9, OOM) is removed, since nothing can use it and it
+    would block every remount; another file system's is left to its owner, with the
+    exact command. A stat() cannot tell: the kernel answers it from its cache."""
+    alive = answers(path, timeout_s=10.0)
+    if alive:
+        raise StartupError(f"mount point {path} is already mounted")
+    if alive is None:
+        raise StartupError(f"mount point {path} is already mounted, and its daemon does not "
+                           f"answer; if it is hung: 'fusermount3 -u -z {path}'")
+    if mounted.fstype != "fuse.tierfs":
+        raise StartupError(f"mount point {path} is a stale FUSE mount ({mounted.fstype}): "
+                           f"run 'fusermount3 -u -z {path}' first")
+    done = subprocess.run(["fusermount3", "-u", "-z", path], capture_output=True, text=True)
+    if done.returncode != 0 or mount_at(path) is not None:
+        raise StartupError(f"mount point {path} is a dead tierfs mount that could not be "
+                           f"removed ({done.stderr.strip() or 'still mounted'}): run "
+                           f"'fusermount3 -u -z {path}' as its owner or root")
+    log.warning("removed the dead tierfs mount at %s (its daemon was killed)", path)
 
 
 def _bound_malloc() -> None:

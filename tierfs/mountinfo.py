@@ -6,6 +6,9 @@ blocks, so every "is this mounted?" question in tierfs is answered from this tab
 
 from __future__ import annotations
 
+import errno
+import os
+import threading
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -38,3 +41,33 @@ def mounts() -> Iterator[Mount]:
 
 def is_mountpoint(path: str) -> bool:
     return any(m.mountpoint == path for m in mounts())
+
+
+def mount_at(path: str) -> Mount | None:
+    """The mount whose mount point is `path` (the last one: mounts stack), or None."""
+    found = None
+    for m in mounts():
+        if m.mountpoint == path:
+            found = m
+    return found
+
+
+def answers(path: str, timeout_s: float = 2.0) -> bool | None:
+    """Whether the file system mounted at `path` answers: True, False when its daemon is
+    gone (ENOTCONN, ECONNABORTED: the kernel aborted the connection), None when it does
+    not answer within timeout_s (hung, or busy). statvfs() always reaches the daemon,
+    unlike a stat() the kernel may answer from its attribute cache. The probe runs in a
+    daemon thread: a hung FUSE call cannot be interrupted, so it is left behind."""
+    out: dict[str, object] = {}
+
+    def probe() -> None:
+        try:
+            os.statvfs(path)
+            out["ok"] = True
+        except OSError as exc:
+            out["ok"] = exc.errno not in (errno.ENOTCONN, errno.ECONNABORTED)
+
+    t = threading.Thread(target=probe, name="mount-probe", daemon=True)
+    t.start()
+    t.join(timeout_s)
+    return out.get("ok")  # type: ignore[return-value]

@@ -33,6 +33,7 @@ from .errors import (AccessDenied, BackendError, InvalidArgument, IsADirectory, 
                      StoreDown, TierfsError)
 from .meta import ROOT_INO, Inode, MetaStore
 from .metrics import Metrics
+from .revalidation import Late, Revalidations
 from .tasks import Tasks, leaves
 
 log = logging.getLogger(__name__)
@@ -59,8 +60,11 @@ class Namespace:
                  root_prefix: str, ttl_s: float, clock: Callable[[], float] = time.time,
                  has_local_writes: Callable[[int], bool] = lambda ino: False,
                  tasks: Tasks | None = None, head_max_size: int = -1,
-                 head_dirs: bool = False, analytics: Analytics | None = None) -> None:
+                 head_dirs: bool = False, analytics: Analytics | None = None,
+                 revalidate_timeout_s: float = 3.0) -> None:
         self.meta = meta
+        # past this, a revalidation of a known entry serves it and goes on in the background
+        self._revalidations = Revalidations(tasks, revalidate_timeout_s)
         # LIST and HEAD requests per prefix (metadata pressure, `tierfs report`)
         self.analytics = analytics or Analytics(meta, root_prefix=root_prefix)
         # objects up to this size (directory markers included) get one HEAD per version
@@ -142,30 +146,45 @@ class Namespace:
         """All children of a directory in stable order, listing the backend if stale."""
         d = self._dir(ino)
         listed_at = self.meta.dir_listed_at(ino)
-        if not self._fresh(listed_at):
-            lock = self._listing_locks.setdefault(ino, trio.Lock())
-            failed_before = self._list_failed.get(ino)
-            try:
-                async with lock:  # one LIST walk per directory, however many readers
-                    failed = self._list_failed.get(ino)
-                    if failed is not None and failed is not failed_before:
-                        raise failed  # it failed while we waited: do not wait it out again
-                    if not self._fresh(self.meta.dir_listed_at(ino)):
-                        try:
-                            await self._list_into(d)
-                        except TierfsError as exc:
-                            self._list_failed[ino] = exc
-                            raise
-                        self._list_failed.pop(ino, None)
-            except TierfsError as exc:
-                if listed_at is None or not _no_answer(exc):
-                    raise  # never listed: nothing to serve
-                self._serving_stale(ino, exc)
-            finally:
-                self._listing_locks.pop(ino, None)
+        if self._fresh(listed_at):
+            return self.meta.children(ino)
+        if listed_at is None:  # never listed: nothing to serve, wait for the store
+            await self._relist(d)
+            return self.meta.children(ino)
+        try:
+            await self._revalidations.within(("list", ino), lambda: self._relist(d))
+        except Late:
+            self._serving_stale(ino, self._late())
+        except TierfsError as exc:
+            if not _no_answer(exc):
+                raise
+            self._serving_stale(ino, exc)
         return self.meta.children(ino)
 
-    def _serving_stale(self, dir_ino: int, exc: BaseException) -> None:
+    def _late(self) -> str:
+        return f"no answer within --revalidate-timeout {self._revalidations.timeout_s:g}s"
+
+    async def _relist(self, d: Inode) -> None:
+        """List the directory into the index, one LIST walk however many readers."""
+        ino = d.ino
+        lock = self._listing_locks.setdefault(ino, trio.Lock())
+        failed_before = self._list_failed.get(ino)
+        try:
+            async with lock:  # one LIST walk per directory, however many readers
+                failed = self._list_failed.get(ino)
+                if failed is not None and failed is not failed_before:
+                    raise failed  # it failed while we waited: do not wait it out again
+                if not self._fresh(self.meta.dir_listed_at(ino)):
+                    try:
+                        await self._list_into(d)
+                    except TierfsError as exc:
+                        self._list_failed[ino] = exc
+                        raise
+                    self._list_failed.pop(ino, None)
+        finally:
+            self._listing_locks.pop(ino, None)
+
+    def _serving_stale(self, dir_ino: int, exc: BaseException | str) -> None:
         """Stale-on-error: say so once per directory and outage."""
         health = getattr(self.backend, "health", None)
         outage = health.recoveries if health is not None else 0  # the same until it is back
@@ -321,14 +340,15 @@ class Namespace:
         if (parent, name) in self._negative:
             raise NotFound(f"{d.key}{sname}")
         self._list_in_background(parent)
+        if node is None and self.meta.dir_listed_at(parent) is None:
+            return await self._lookup_remote(d, sname, name)  # never seen: wait, or EIO
         try:
-            return await self._lookup_remote(d, sname, name)
-        except TierfsError as exc:
-            if not _no_answer(exc):
+            return await self._revalidations.within(
+                ("lookup", parent, name), lambda: self._lookup_remote(d, sname, name))
+        except (TierfsError, Late) as exc:
+            if isinstance(exc, TierfsError) and not _no_answer(exc):
                 raise
-            if node is None and self.meta.dir_listed_at(parent) is None:
-                raise  # never seen: EIO
-            self._serving_stale(parent, exc)
+            self._serving_stale(parent, exc if isinstance(exc, TierfsError) else self._late())
             if node is None:  # the directory's last listing has no such name
                 raise NotFound(f"{d.key}{sname}") from None
             return node
@@ -402,16 +422,22 @@ class Namespace:
         if node.is_dir or self._fresh(node.validated_at) or self._local(node.ino):
             return node
         try:
+            return await self._revalidations.within(("head", node.ino),
+                                                    lambda: self._head_into(node))
+        except (TierfsError, Late) as exc:
+            if isinstance(exc, TierfsError) and not _no_answer(exc):
+                raise
+            self._serving_stale(node.parent, exc if isinstance(exc, TierfsError) else self._late())
+            return node  # what was last seen: its cached chunks can still be read
+
+    async def _head_into(self, node: Inode) -> Inode:
+        """A HEAD of the file, its answer into the index."""
+        try:
             self.analytics.meta_request("head", node.key)
             meta = await self.backend.head(node.key)
         except NotFound:
             self.meta.remove(node.parent, node.key.rpartition("/")[2].encode())
             raise
-        except TierfsError as exc:
-            if not _no_answer(exc):
-                raise
-            self._serving_stale(node.parent, exc)
-            return node  # what was last seen: its cached chunks can still be read
         node.size, node.mtime, node.etag = meta.size, meta.mtime, meta.etag
         node.validated_at = self._clock()
         self.meta.set_validated(node)

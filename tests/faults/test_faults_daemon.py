@@ -59,3 +59,34 @@ def test_d4_a_native_crash_is_in_tierfs_log(rgw, proxy, bucket, tmp_path):
             "no faulthandler report in tierfs.log:\n" + fkit.tail(log))
     finally:
         bg.stop()
+
+
+def test_m5_a_mount_after_kill_9_removes_the_dead_mount_and_serves_the_cache(
+        rgw, proxy, bucket, s3, tmp_path):
+    """Issue 26, M5: after kill -9 the kernel keeps a dead FUSE mount on the mount point
+    (a stat() may still succeed from its cache). `tierfs mount` there removes it, says
+    so, and serves the cache dir again; a mount point that holds a live mount is refused."""
+    data = fkit.payload("m5", 2 * MiB)
+    s3.put_object(Bucket=bucket, Key="m5/a.bin", Body=data)
+    bg = _bg(rgw, proxy, bucket, tmp_path)
+    try:
+        assert fkit.read(bg.path / "m5/a.bin") == data
+        again = fkit.BackgroundMount(fkit.ThroughProxy(rgw, proxy), f"s3://{bucket}",
+                                     tmp_path / "mnt", tmp_path / "cache2")
+        assert again.result.returncode != 0 and "already mounted" in again.result.stderr
+        os.kill(bg.pid, signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while bg.alive() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert fkit.is_mounted(bg.mountpoint), "kill -9 left no dead mount to test with"
+        proxy.inject("refuse", None)  # served from the cache dir alone
+        bg2 = _bg(rgw, proxy, bucket, tmp_path, "-o", "startup_timeout=2s")
+        try:
+            assert bg2.result.returncode == 0, bg2.result.stderr
+            assert "removed the dead tierfs mount" in bg2.log_text() + bg2.result.stderr
+            assert fkit.read(bg2.path / "m5/a.bin") == data
+        finally:
+            proxy.heal()
+            bg2.stop()
+    finally:
+        bg.stop()

@@ -97,3 +97,32 @@ def test_d9_cached_data_is_served_while_the_store_is_down(mounts, s3, bucket, pr
     proxy.heal()
     fkit.eventually(lambda: fkit.read_errno(m.path / "d9/cold.bin") == (cold, None), 60,
                     interval=0.5, alive_of=m)
+
+
+def test_m4_a_hanging_store_does_not_hold_stat_of_a_cached_file(mounts, s3, bucket, proxy):
+    """Issue 26, M4: past the TTL, stat/open/readdir of known entries wait at most
+    --revalidate-timeout for a store that hangs (no refusal, no answer), then serve the
+    cached entry while the revalidation goes on in the background. The backend timeout
+    here is far longer than the test's bound: an answer before it is the deadline's."""
+    data = fkit.payload("m4", 300 * KiB)
+    s3.put_object(Bucket=bucket, Key="m4/f.bin", Body=data)
+    m = mounts.start("--metadata-ttl", "1s", "--revalidate-timeout", "1s",
+                     "-o", "backend_timeout=120s,stall_warn=120s")
+    assert fkit.read(m.path / "m4/f.bin") == data
+    assert os.listdir(m.path / "m4") == ["f.bin"]
+    proxy.inject("hang", {"LIST", "HEAD"})  # metadata requests never answered
+    time.sleep(1.5)  # past --metadata-ttl
+    bound = 30.0  # far below the 120 s a hung request takes to fail
+    assert _timed(lambda: os.stat(m.path / "m4/f.bin").st_size, bound) == len(data)
+    assert _timed(lambda: os.listdir(m.path / "m4"), bound) == ["f.bin"]
+    assert _timed(lambda: fkit.read_errno(m.path / "m4/f.bin"), bound) == (data, None)
+    time.sleep(1.5)
+    assert _timed(lambda: os.stat(m.path / "m4/f.bin").st_size, bound) == len(data)
+    assert "no answer within --revalidate-timeout" in m.log_text()
+    fkit.assert_alive(m, "with metadata requests hung")
+    # a new version while the store hangs is seen once it answers again
+    proxy.heal()
+    new = fkit.payload("m4.new", 100 * KiB)
+    s3.put_object(Bucket=bucket, Key="m4/f.bin", Body=new)
+    fkit.eventually(lambda: fkit.read_errno(m.path / "m4/f.bin") == (new, None), 60,
+                    interval=0.5, alive_of=m)
