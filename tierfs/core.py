@@ -44,6 +44,7 @@ from .callers import Callers
 from .capacity import CapacityHistory
 from .config import MountConfig, read_peer_secret
 from .errors import StartupError
+from .exclusive import ConditionalWrites
 from .fetch import Fetcher
 from .fileio import FileIO
 from .health import BackendHealth
@@ -213,6 +214,8 @@ def _wire(cfg: MountConfig, metrics: Metrics, backend: AsyncBackend, meta: MetaS
                    revalidate_timeout_s=cfg.revalidate_timeout,
                    # a shared mount's directories show their real modes from the start
                    head_dirs=cfg.allow_other and cfg.meta_head_max_size >= 0)
+    if not cfg.read_only:  # O_CREAT|O_EXCL claims its key in the store (tierfs/exclusive.py)
+        ns.exclusive = ConditionalWrites(backend, cfg.source.prefix)
     # who reads what (docs/tenants.md, "Readers"), and the reads that stalled
     usage = Usage(meta, metrics, clock=clock)
     stalls = StallLog(metrics, threshold_s=cfg.stall_threshold, tenants=cfg.tenants.names(),
@@ -284,6 +287,8 @@ def _start_services(core: Core) -> None:
     if core.cache.idle_sweep_interval() is not None:  # a tenant has a max_idle
         tasks.supervise("idle-sweep", core.cache.run_idle_sweeper)
     tasks.supervise("stall-watch", core.backend.watch_stalls)
+    if core.namespace.exclusive is not None:  # in the background: the mount does not wait
+        tasks.supervise("conditional-probe", core.namespace.exclusive.run)
     if core.backend.health is not None:
         tasks.supervise("health-probe", core.backend.health.run)
     if core.capacity is not None:

@@ -99,6 +99,11 @@ class PreconditionFailed(BackendError):
     """If-Match failed: the object changed since its ETag was cached."""
 
 
+class Unsupported(BackendError):
+    """The store does not implement what the request asked (501 NotImplemented): a
+    conditional PUT (If-None-Match: *) on a store without conditional writes."""
+
+
 class IntegrityError(BackendError):
     """Bytes from the store failed a checksum (tierfs/integrity.py) on every try: never
     served, never cached. `check` names the check (a label of tierfs_integrity_failures)."""

@@ -163,9 +163,13 @@ class FileIO:
             h.tenant = self.tenant_of(h.node.key)
 
     async def create(self, parent: int, name: bytes, perm: int,
-                     caller: Caller = Caller(), pid: int = 0) -> tuple[OpenFile, Inode]:
+                     caller: Caller = Caller(), pid: int = 0,
+                     exclusive: bool = False) -> tuple[OpenFile, Inode]:
+        """exclusive (O_EXCL): the key is claimed in the store first, EEXIST if another
+        node has it (tierfs/exclusive.py)."""
         reader = await self._reader(pid, caller.uid)
-        node = self.ns.create_file(parent, name, perm, caller)
+        node = (await self.ns.create_file_exclusive(parent, name, perm, caller) if exclusive
+                else self.ns.create_file(parent, name, perm, caller))
         h = OpenFile(next(self._next_fh), node, self._version(node))
         self._attribute(h, reader)
         h.dirty = self._open_dirty(node, truncate=True)

@@ -229,8 +229,10 @@ class FuseOps(pyfuse3.Operations):
     async def create(self, parent_inode: int, name: bytes, mode: int, flags: int,
                      ctx: Any) -> tuple[pyfuse3.FileInfo, pyfuse3.EntryAttributes]:
         self._writable()
+        # the kernel passes the open flags: O_EXCL makes the create exclusive across nodes
         h, node = await self.io.create(parent_inode, name, self._perm(mode, ctx),
-                                       self._caller(ctx), ctx.pid)
+                                       self._caller(ctx), ctx.pid,
+                                       exclusive=bool(flags & os.O_EXCL))
         return pyfuse3.FileInfo(fh=h.fh), self._attrs(node)
 
     @_op("write")

@@ -25,8 +25,8 @@ from typing import Callable
 
 import trio
 
-from .errors import (AccessDenied, BackendError, BackendUnavailable, NoSuchBucket, NotFound,
-                     PreconditionFailed, StoreDown)
+from .errors import (AccessDenied, BackendError, BackendUnavailable, Exists, NoSuchBucket,
+                     NotFound, PreconditionFailed, StoreDown, Unsupported)
 from .metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -36,7 +36,7 @@ PROBE_TIMEOUT_S = 5.0  # a probe not answered in this long counts as "still down
 # long enough that an overloaded store answering slowly is not taken for a dead one
 
 # answers that prove the store is reachable, even though the request failed
-_ANSWERED = (NotFound, PreconditionFailed, AccessDenied, NoSuchBucket)
+_ANSWERED = (NotFound, PreconditionFailed, AccessDenied, NoSuchBucket, Exists, Unsupported)
 
 
 class BackendHealth:

@@ -31,6 +31,7 @@ from .backend.runner import AsyncBackend
 from .errors import (AccessDenied, BackendError, InvalidArgument, IsADirectory, NameTooLong,
                      NoSuchBucket, NotADirectory, NotEmpty, NotFound, PreconditionFailed,
                      StoreDown, TierfsError)
+from .exclusive import PROBE_NAME, ConditionalWrites, Taken
 from .meta import ROOT_INO, Inode, MetaStore
 from .metrics import Metrics
 from .revalidation import Late, Revalidations
@@ -77,6 +78,8 @@ class Namespace:
         self._listing_soon: set[int] = set()
         # files with unsaved writes: what the bucket says about them is older than we know
         self._local = has_local_writes
+        # claims the key of an O_EXCL create in the store (None: a local create only)
+        self.exclusive: ConditionalWrites | None = None
         self.backend = backend
         self.metrics = metrics
         self.root_prefix = root_prefix
@@ -210,8 +213,8 @@ class Namespace:
                 name = o.key[len(prefix):]
                 if name == "":
                     marker = o  # the directory's own marker object
-                elif self._valid_name(name, o.key):
-                    files[name] = o
+                elif self._valid_name(name, o.key) and not name.startswith(PROBE_NAME):
+                    files[name] = o  # (a mount's probe lives for a moment: not shown)
             for p in page.prefixes:
                 name = p[len(prefix):-1]
                 if self._valid_name(name, p):
@@ -504,6 +507,33 @@ class Namespace:
         d = self._dir(parent)
         key = self.new_key(d, name)
         return self._created(d, name, FILE, 0, "", key, self._new_attrs(d, FILE, perm, caller))
+
+    async def create_file_exclusive(self, parent: int, name: bytes, perm: int,
+                                    caller: Caller = Caller()) -> Inode:
+        """create_file for O_CREAT|O_EXCL: the key is claimed in the store first
+        (tierfs/exclusive.py), so that of two nodes creating one name exactly one
+        succeeds. The other gets Taken (EEXIST) and knows the name from then on. Where the
+        store cannot claim, as create_file."""
+        d = self._dir(parent)
+        key = self.new_key(d, name)
+        attrs = self._new_attrs(d, FILE, perm, caller)
+        try:
+            meta = (None if self.exclusive is None
+                    else await self.exclusive.claim(key, attrs.to_metadata(FILE)))
+        except Taken as exc:
+            # the loser's negative entry and listing said "missing": the winner's object
+            # replaces them, so stat and the next O_EXCL see it now, not after the TTL
+            self._negative.pop((d.ino, name), None)
+            found = exc.found
+            if found is not None:
+                kind, seen = from_metadata(found.metadata or {}, found.etag)
+                self.meta.upsert(d.ino, name, kind or FILE, found.size, found.mtime, found.etag,
+                                 key, self._clock(), seen)
+            raise
+        if meta is None:
+            return self._created(d, name, FILE, 0, "", key, attrs)
+        attrs.seen = meta.etag
+        return self._created(d, name, FILE, 0, meta.etag, key, attrs)
 
     async def mkdir(self, parent: int, name: bytes, perm: int, caller: Caller = Caller()) -> Inode:
         d = self._dir(parent)

@@ -5,6 +5,7 @@
         mount with --endpoint-url p.endpoint
         p.inject("reset", ops="GET", probability=0.3, seed=1)   # RST mid-body
         p.inject("503", ops={"PUT", "UploadPart"}, count=5)
+        p.inject("501", ops="PUT", header="If-None-Match")  # a store without conditional PUTs
         p.inject("hang", ops="GET")                      # until p.release() / p.heal()
         p.down(); ...; p.up()                            # store unreachable (ECONNREFUSED)
         p.injected("reset", op="GET")                    # counters
@@ -23,7 +24,8 @@ Faults. A rule (inject()) names a kind, the op kinds it applies to, a probabilit
 (most injections; None: no limit), a seed (each rule draws from its own random.Random, so a
 given sequence of requests gets the same faults) and optionally a key: a substring of the
 object key, or a predicate on it. For each request the rules are tried in the order they
-were added; the first that fires is applied, at most one per request. Kinds:
+were added; the first that fires is applied, at most one per request. A rule with a
+`header` applies only to requests that carry that header (any value). Kinds:
 
   hang     the request is held, not forwarded, until release()/heal() or `seconds`
            (then: `then="forward"` relays it late, `then="close"` drops the connection)
@@ -31,6 +33,9 @@ were added; the first that fires is applied, at most one per request. Kinds:
   refuse   the connection is reset (RST) at once, the request is not forwarded
   500      answered "500 InternalError" without forwarding
   503      answered "503 SlowDown" with Retry-After (`retry_after`, seconds) without forwarding
+  501      answered "501 NotImplemented" without forwarding: with header="If-None-Match", a
+           store that refuses conditional writes (a header cannot be stripped instead: SigV4
+           signs it, and the store would refuse the request as tampered)
   reset    forwarded; the response is cut after `after` body bytes (None: a random point in
            the body) with an RST (SO_LINGER 0). A response without a body is cut before its
            headers. Applied to 2xx responses only.
@@ -68,7 +73,7 @@ import trio
 
 OPS = ("GET", "HEAD", "LIST", "PUT", "CreateMultipart", "UploadPart", "Complete", "Abort",
        "Delete", "Copy", "HeadBucket", "ListUploads", "Other")
-KINDS = ("hang", "delay", "refuse", "500", "503", "reset", "close", "flip")
+KINDS = ("hang", "delay", "refuse", "500", "501", "503", "reset", "close", "flip")
 # faults applied to the response as it passes (decided before forwarding, counted when applied)
 _BODY_KINDS = {"reset", "close", "flip"}
 
@@ -130,6 +135,7 @@ class Rule:
     after: int | None = None  # reset/close: body bytes passed first (None: random)
     bits: int = 1  # flip
     retry_after: int = 1  # 503
+    header: str | None = None  # only requests carrying this header (its name, any case)
     injected: int = 0
     rng: random.Random = field(init=False, repr=False)
 
@@ -143,9 +149,12 @@ class Rule:
         if self.then not in ("forward", "close"):
             raise ValueError("then must be 'forward' or 'close'")
         self.rng = random.Random(self.seed)
+        if self.header is not None:
+            self.header = self.header.lower()
 
-    def matches(self, op: str, key: str) -> bool:
+    def matches(self, op: str, key: str, headers: dict[str, str] | None = None) -> bool:
         return ((self.ops is None or op in self.ops)
+                and (self.header is None or self.header in (headers or {}))
                 and (self.key is None
                      or (self.key(key) if callable(self.key) else self.key in key))
                 and (self.count is None or self.injected < self.count))
@@ -440,12 +449,12 @@ class FaultProxy:
                probability: float = 1.0, count: int | None = None, seed: int = 0,
                key: str | Callable[[str], bool] | None = None, seconds: float | None = None,
                then: str = "forward", after: int | None = None, bits: int = 1,
-               retry_after: int = 1) -> Rule:
+               retry_after: int = 1, header: str | None = None) -> Rule:
         """Add a fault rule (see the module docstring); returns it (remove() takes it)."""
         if isinstance(ops, str):
             ops = {ops}
         rule = Rule(kind, frozenset(ops) if ops is not None else None, probability, count, seed,
-                    key, seconds, then, after, bits, retry_after)
+                    key, seconds, then, after, bits, retry_after, header)
         if kind == "delay" and seconds is None:
             raise ValueError("a delay needs seconds")
         with self._lock:
@@ -533,11 +542,11 @@ class FaultProxy:
             return list(self._events)
 
     # -------------------------------------------------------------- per request
-    def _decide(self, op: str, key: str) -> Rule | None:
+    def _decide(self, op: str, key: str, headers: dict[str, str]) -> Rule | None:
         with self._lock:
             self._requests[op] += 1
             for rule in self._rules:
-                if rule.matches(op, key) and rule.rng.random() < rule.probability:
+                if rule.matches(op, key, headers) and rule.rng.random() < rule.probability:
                     rule.injected += 1  # reserved; a body fault that cannot apply gives it back
                     if rule.kind not in _BODY_KINDS:
                         self._count(rule, op, key)
@@ -577,7 +586,7 @@ class FaultProxy:
                     else:
                         body = await reader.exact(int(h.get("content-length", "0") or 0))
                     op, _, key = classify(method, target, h)
-                    rule = self._decide(op, key)
+                    rule = self._decide(op, key, h)
                     if rule is not None and not await self._before(conn, rule, key):
                         return
                     if rule is not None and rule.kind not in ("hang", "delay") \
@@ -653,6 +662,11 @@ class FaultProxy:
             await conn.stream.send_all(_canned(
                 500, "Internal Server Error", "InternalError",
                 "We encountered an internal error. Please try again.", key))
+            return True
+        if kind == "501":
+            await conn.stream.send_all(_canned(
+                501, "Not Implemented", "NotImplemented",
+                "A header you provided implies functionality that is not implemented.", key))
             return True
         if kind == "503":
             await conn.stream.send_all(_canned(

@@ -83,6 +83,13 @@ class Backend(Protocol):
 
     def put(self, key: str, data: bytes, metadata: dict[str, str] | None = None) -> ObjectMeta: ...
 
+    def put_new(self, key: str, data: bytes,
+                metadata: dict[str, str] | None = None) -> ObjectMeta:
+        """put only if no object has the key (S3: If-None-Match: *), atomically against
+        every other writer: Exists if one has; Unsupported if the store refuses
+        conditional writes. A store that ignores the condition overwrites silently:
+        tierfs/exclusive.py probes for that at mount."""
+
     def copy(self, src: str, dst: str, src_etag: str | None,
              metadata: dict[str, str] | None = None) -> str:
         """Server-side copy, returning the new ETag; metadata=None keeps the source's."""

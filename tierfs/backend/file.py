@@ -18,7 +18,8 @@ import tempfile
 import time
 import uuid
 
-from ..errors import BackendError, NoSuchBucket, NotFound, PreconditionFailed, TierfsError
+from ..errors import (BackendError, Exists, NoSuchBucket, NotFound, PreconditionFailed,
+                      TierfsError)
 from .base import BackendEvents, ListPage, MultipartUpload, ObjectMeta
 
 
@@ -43,6 +44,7 @@ def _mapped(fn):  # noqa: ANN001, ANN202 - a method decorator
 
 class FileBackend:
     name = "file"
+    exclusive_by_design = True  # put_new is link(2): tierfs/exclusive.py need not probe it
 
     def __init__(self, root: str) -> None:
         self.root = os.path.abspath(root)
@@ -160,6 +162,30 @@ class FileBackend:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
         return self._publish(tmp, path, key, metadata)
+
+    @_mapped
+    def put_new(self, key: str, data: bytes,
+                metadata: dict[str, str] | None = None) -> ObjectMeta:
+        if key.endswith("/"):  # tierfs creates files exclusively, never markers
+            raise BackendError(f"create {key!r}: no exclusive create of a directory marker")
+        path = self._path(key)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=self._staging(), prefix="put-")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            os.setxattr(tmp, _META_XATTR, json.dumps(metadata or {}).encode())
+            # link(2), unlike rename, fails when the name exists: the exclusive create,
+            # and the complete file appears at once, as put's rename makes it
+            os.link(tmp, path)
+        except FileExistsError:
+            raise Exists(f"create {key!r}: an object has that key already") from None
+        finally:
+            os.unlink(tmp)
+        now = time.time_ns()
+        os.utime(path, ns=(now, now))
+        meta = self._meta(key, os.stat(path))
+        return ObjectMeta(meta.key, meta.size, meta.etag, meta.mtime, metadata or {})
 
     def _staging(self) -> str:
         d = os.path.join(self.root, _PRIVATE + "staging")

@@ -230,6 +230,12 @@ class AsyncBackend:
         return await self._call("put", functools.partial(self.sync.put, key, data, metadata), False,
                                 key=key)
 
+    async def put_new(self, key: str, data: bytes,
+                      metadata: dict[str, str] | None = None) -> ObjectMeta:
+        """put only if the key is free (If-None-Match: *): Exists if it is not."""
+        fn = functools.partial(self.sync.put_new, key, data, metadata)
+        return await self._call("put", fn, False, key=key)
+
     async def copy(self, src: str, dst: str, src_etag: str | None,
                    metadata: dict[str, str] | None = None) -> str:
         fn = functools.partial(self.sync.copy, src, dst, src_etag, metadata)

@@ -29,8 +29,8 @@ import urllib3.exceptions
 from botocore.config import Config
 
 from .. import integrity
-from ..errors import (AccessDenied, BackendError, BackendUnavailable, IntegrityError,
-                      NoSuchBucket, NotFound, PreconditionFailed, TierfsError)
+from ..errors import (AccessDenied, BackendError, BackendUnavailable, Exists, IntegrityError,
+                      NoSuchBucket, NotFound, PreconditionFailed, TierfsError, Unsupported)
 from .base import BackendEvents, ListPage, MultipartUpload, ObjectMeta
 from .budget import INTEGRITY_RETRIES, connect_timeout, get_budget
 
@@ -50,6 +50,8 @@ _UNREACHABLE = (bex.EndpointConnectionError, bex.ConnectTimeoutError, bex.ReadTi
 # what reading a body can raise when its connection breaks: the body is resumed
 _BODY_CUT = (bex.BotoCoreError, urllib3.exceptions.HTTPError, http.client.HTTPException,
              OSError)
+# a conditional PUT answered 409 ConditionalRequestConflict is sent this often in all
+_CONFLICT_TRIES = 3
 _CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+|\*)")
 # a body is read this much at a time: urllib3 copies each read through a temporary
 _READ_PIECE = 1 << 20
@@ -133,6 +135,8 @@ class S3Backend:
             status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
             if code in ("PreconditionFailed", "412") or status == 412:
                 return PreconditionFailed(f"{what}: object changed (ETag mismatch)")
+            if code == "NotImplemented" or status == 501:
+                return Unsupported(f"{what}: not implemented by the store ({code or status})")
             if code == "NoSuchBucket":
                 return NoSuchBucket(f"bucket {self.bucket!r} does not exist")
             if code in _DENIED or status == 403:
@@ -366,6 +370,28 @@ class S3Backend:
                                     Metadata=metadata or {})
         except Exception as exc:  # noqa: BLE001
             raise self._error(exc, f"put {key!r}") from None
+        return ObjectMeta(key, len(data), _etag(r["ETag"]), time.time(), metadata or {})
+
+    def put_new(self, key: str, data: bytes,
+                metadata: dict[str, str] | None = None) -> ObjectMeta:
+        what = f"create {key!r}"
+        for attempt in range(1, _CONFLICT_TRIES + 1):
+            try:
+                r = self._s3.put_object(Bucket=self.bucket, Key=key, Body=data,
+                                        Metadata=metadata or {}, IfNoneMatch="*")
+                break
+            except Exception as exc:  # noqa: BLE001
+                # AWS answers 409 while another conditional write of the key is under way:
+                # try again, the other one has then won or failed
+                code = (exc.response.get("Error", {}).get("Code")
+                        if isinstance(exc, bex.ClientError) else None)
+                if code == "ConditionalRequestConflict" and attempt < _CONFLICT_TRIES:
+                    time.sleep(0.05 * attempt)
+                    continue
+                err = self._error(exc, what)
+                if isinstance(err, PreconditionFailed):
+                    raise Exists(f"{what}: an object has that key already") from None
+                raise err from None
         return ObjectMeta(key, len(data), _etag(r["ETag"]), time.time(), metadata or {})
 
     def copy(self, src: str, dst: str, src_etag: str | None,
