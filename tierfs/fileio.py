@@ -185,6 +185,7 @@ class FileIO:
         h = self._handles.pop(fh, None)
         if h is None:
             return
+        self.prefetcher.closed(h.pattern)  # what it read ahead and held is the LRU's again
         self.pages.close(h.node.ino, fh)
         if h.dirty is not None and self.wb is not None:
             await self._release_dirty(h.dirty)
@@ -235,7 +236,10 @@ class FileIO:
         """The unsaved data this node's handles of `ino` read was uploaded: the version
         now in the index holds exactly those bytes, so every handle moves to it (on one
         node a reader sees what writers wrote, as POSIX says)."""
-        node = self.ns.inode(ino)
+        try:
+            node = self.ns.inode(ino)
+        except NotFound:  # unlinked meanwhile: its handles read what they read
+            return
         new = self._version(node)
         for h in self._handles.values():
             if h.node.ino == ino:
