@@ -176,16 +176,15 @@ class Node(pb_grpc.NodeServicer):
     def NodeStageVolume(self, request, context):
         _required(request, "volume_id", "staging_target_path", "volume_capability")
         _volume_id(request.volume_id)
-        self.kubelet_dir.check("staging_target_path", request.staging_target_path)
+        # the resolved path is what is created, mounted and recorded (paths.py)
+        staging = self.kubelet_dir.check("staging_target_path", request.staging_target_path)
         _, reader_only = _capability(request.volume_capability)
         try:
             spec = stage_spec(dict(request.volume_context),
                               list(request.volume_capability.mount.mount_flags), reader_only,
-                              request.staging_target_path,
-                              node_ip=os.environ.get("POD_IP") or None)
+                              staging, node_ip=os.environ.get("POD_IP") or None)
             with self.volumes.lock(request.volume_id):
-                self.volumes.stage(request.volume_id, request.staging_target_path, spec,
-                                   dict(request.secrets))
+                self.volumes.stage(request.volume_id, staging, spec, dict(request.secrets))
         except OptionError as exc:
             raise invalid(str(exc)) from None
         return pb.NodeStageVolumeResponse()
@@ -194,7 +193,9 @@ class Node(pb_grpc.NodeServicer):
     def NodeUnstageVolume(self, request, context):
         _required(request, "volume_id", "staging_target_path")
         with self.volumes.lock(request.volume_id):
-            self.volumes.unstage(request.volume_id, request.staging_target_path)
+            self.volumes.unstage(request.volume_id,
+                                 self.kubelet_dir.lookup(request.staging_target_path),
+                                 given=request.staging_target_path)
         return pb.NodeUnstageVolumeResponse()
 
     @_rpc
@@ -202,11 +203,11 @@ class Node(pb_grpc.NodeServicer):
         _required(request, "volume_id", "staging_target_path", "target_path",
                   "volume_capability")
         _volume_id(request.volume_id)
-        self.kubelet_dir.check("target_path", request.target_path)
+        target = self.kubelet_dir.check("target_path", request.target_path)
         summary, reader_only = _capability(request.volume_capability)
-        want = TargetRecord(request.volume_id, request.target_path,
-                            request.staging_target_path, request.readonly or reader_only,
-                            summary)
+        want = TargetRecord(request.volume_id, target,
+                            self.kubelet_dir.lookup(request.staging_target_path),
+                            request.readonly or reader_only, summary)
         with self.volumes.lock(request.volume_id):
             self.volumes.publish(want)
         return pb.NodePublishVolumeResponse()
@@ -215,7 +216,9 @@ class Node(pb_grpc.NodeServicer):
     def NodeUnpublishVolume(self, request, context):
         _required(request, "volume_id", "target_path")
         with self.volumes.lock(request.volume_id):
-            self.volumes.unpublish(request.volume_id, request.target_path)
+            self.volumes.unpublish(request.volume_id,
+                                   self.kubelet_dir.lookup(request.target_path),
+                                   given=request.target_path)
         return pb.NodeUnpublishVolumeResponse()
 
     @_rpc
@@ -224,7 +227,7 @@ class Node(pb_grpc.NodeServicer):
             raise invalid("volume_id is required")
         if not request.volume_path:
             raise invalid("volume_path is required")
-        path = request.volume_path
+        path = self.kubelet_dir.lookup(request.volume_path)
         # only what this plugin staged or published for the volume, by the records and the
         # mount table (a stat() of a mount whose daemon is stopped would block); anything
         # else, relative paths included, is NOT_FOUND without looking at it, so the call

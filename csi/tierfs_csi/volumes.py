@@ -188,9 +188,11 @@ class Volumes:
                 log.info("volume %s: bound %s again", volume_id, t.target_path)
 
     # ------------------------------------------------------------------ unstage
-    def unstage(self, volume_id: str, staging: str) -> None:
+    def unstage(self, volume_id: str, staging: str, given: str | None = None) -> None:
+        """`staging` is the resolved path (paths.py); `given` the path as the request
+        named it, which a record made before paths were resolved may hold."""
         rec = self.records.stage(volume_id)
-        if rec is None or rec.staging_path != staging:
+        if rec is None or rec.staging_path not in (staging, given):
             # not what this plugin staged for this volume: nothing to undo (the call is
             # idempotent), and another volume's or anybody's mount there is left alone
             log.info("unstage of volume %s at %r: not staged there by this plugin, nothing "
@@ -252,8 +254,15 @@ class Volumes:
         log.info("published volume %s at %s%s", want.volume_id, target,
                  " (read-only)" if want.readonly else "")
 
-    def unpublish(self, volume_id: str, target: str) -> None:
-        if self.records.target(volume_id, target) is None:
+    def unpublish(self, volume_id: str, target: str, given: str | None = None) -> None:
+        """`target` is the resolved path (paths.py), where the bind is; `given` the path
+        as the request named it, which a record made before paths were resolved may hold
+        (its bind is at the resolved path all the same: the kernel resolved it)."""
+        recorded = target
+        if self.records.target(volume_id, target) is None and given is not None \
+                and self.records.target(volume_id, given) is not None:
+            recorded = given
+        if self.records.target(volume_id, recorded) is None:
             # not published there by this plugin for this volume: nothing to undo, and a
             # mount or directory someone else made is left alone
             log.info("unpublish of volume %s at %r: not published there by this plugin, "
@@ -263,7 +272,7 @@ class Volumes:
             mounts.unmount_all(target, self.fs_timeout)
             log.info("unpublished volume %s from %s", volume_id, target)
         _rmdir(target)
-        self.records.drop_target(volume_id, target)
+        self.records.drop_target(volume_id, recorded)
 
     def owns_path(self, volume_id: str, path: str) -> bool:
         """True if `path` is this volume's staging path or one of its targets, mounted."""

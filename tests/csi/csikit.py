@@ -5,6 +5,7 @@ way kubelet drives it, kubelet-style paths, and reads from another mount namespa
             .start() / .stop() (SIGTERM) / .kill9(), .log_text()
   Kubelet   staging and pod target paths, request builders, the daemon's GET count, and
             a clean-up that unmounts whatever a test left (daemons stopped by PID)
+  code_of   the status code and details of one call (OK when it succeeds)
 """
 
 from __future__ import annotations
@@ -231,6 +232,15 @@ def read_in_other_namespace(path: str) -> bytes:
 def run_in_other_namespace(script: str) -> subprocess.CompletedProcess:
     return subprocess.run(["unshare", "--mount", "--propagation", "slave", "sh", "-c", script],
                           capture_output=True, text=True, timeout=120)
+
+
+def code_of(call, request) -> tuple[grpc.StatusCode, str]:
+    """The status code and details a call answers (OK and "" when it succeeds)."""
+    try:
+        call(request, timeout=120)
+    except grpc.RpcError as exc:
+        return exc.code(), exc.details()
+    return grpc.StatusCode.OK, ""
 
 
 def unique_volume() -> str:

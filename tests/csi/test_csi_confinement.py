@@ -13,18 +13,11 @@ from pathlib import Path
 
 import grpc
 import pytest
+from csikit import code_of as _code
 from csikit import is_mounted, pb, put_dataset
 
 pytestmark = pytest.mark.mount
 C = grpc.StatusCode
-
-
-def _code(call, request) -> tuple[grpc.StatusCode, str]:
-    try:
-        call(request, timeout=120)
-    except grpc.RpcError as exc:
-        return exc.code(), exc.details()
-    return C.OK, ""
 
 
 def test_paths_are_confined_and_only_recorded_mounts_are_undone(plugin, kubelet, rgw, bucket,
