@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-from pathlib import Path
 
 import grpc
 import pytest
@@ -23,6 +22,7 @@ C = grpc.StatusCode
 
 
 def test_resolve_walks_symlinks_before_dotdot(tmp_path):
+    from tierfs_csi.errors import CsiError
     from tierfs_csi.paths import KubeletDir, resolve
 
     (tmp_path / "k" / "pods").mkdir(parents=True)
@@ -31,13 +31,13 @@ def test_resolve_walks_symlinks_before_dotdot(tmp_path):
     raw = str(tmp_path / "k" / "pods" / "lnk" / ".." / "escaped")
     assert resolve(raw) == str(tmp_path / "out" / "escaped")
     k = KubeletDir(str(tmp_path / "k"))
-    with pytest.raises(Exception) as info:
+    with pytest.raises(CsiError) as info:
         k.check("target_path", raw)
-    assert "resolved" in str(info.value) and "--kubelet-dir" in str(info.value)
+    assert "resolved" in info.value.message and "--kubelet-dir" in info.value.message
     inside = str(tmp_path / "k" / "pods" / "a" / ".." / "b")
     assert k.check("target_path", inside) == str(tmp_path / "k" / "pods" / "b")
     for bad in ("/", str(tmp_path / "k" / "pods" / ".."), str(tmp_path / "k" / ".")):
-        with pytest.raises(Exception):
+        with pytest.raises(CsiError):
             k.check("target_path", bad)
 
 
@@ -97,7 +97,7 @@ def test_symlink_then_dotdot_cannot_escape_and_resolved_path_is_recorded(
         assert not list((plugin.state_dir / vol / "targets").iterdir())
     finally:
         if is_mounted(target):
-            subprocess.run(["umount", "-l", str(target)])
+            subprocess.run(["umount", "-l", str(target)], check=False)
 
     node.NodeUnstageVolume(pb.NodeUnstageVolumeRequest(
         volume_id=vol, staging_target_path=k.staging_path(vol)))
