@@ -86,7 +86,7 @@ fi
 if [ "${#missing[@]}" -gt 0 ]; then
   command -v apt-get >/dev/null 2>&1 ||
     die "missing packages (${missing[*]}) and no apt-get: this script supports Debian 12 only"
-  is_root || die "missing packages: ${missing[*]} - run as root (sudo bash $0)"
+  is_root || die "missing packages: ${missing[*]} - run as root (in a root shell: bash $0)"
   step "apt-get install ${missing[*]}"
   export DEBIAN_FRONTEND=noninteractive
   run_logged apt-get update || die "apt-get update failed"
