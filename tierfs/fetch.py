@@ -123,7 +123,9 @@ class Fetcher:
             return await self.backend.get(obj.key, start, length, obj.etag,
                                           background=background, size=obj.size)
         memory = self.cache.memory
-        reserved = memory.reserve(length)  # may free the very buffer taken next
+        # may free the very buffer taken next; a read-ahead's room is reserved already,
+        # from its start until its reader reads past it (prefetch.py)
+        reserved = not background and memory.reserve(length)
         view = self.cache.disk.read_buffer(length)
         owner = view.obj
         try:
@@ -220,12 +222,16 @@ class Fetcher:
                     return hit[0], hit[1]
         flight, data = await self._get(obj, index, ckey, background=background,
                                        ask_peers=ask_peers)
-        self.cache.remember(ckey, data)
         # the flight (holding the bytes) stays until the disk tier has the chunk: with a
         # small or no memory tier, a reader arriving meanwhile must not fetch it again.
-        # The caller returns now; the disk write is the fill task's.
+        # The caller returns now; the disk write is the fill task's, which owns the bytes
+        # and ends the flight whatever happens next (a chunk left in `_flights` unstored
+        # was held for good: issue 26, M2)
         self._unstored += 1
         self._tasks.spawn("fill", self._store, obj, ckey, data, flight)
+        # kept if the tier has room; a read-ahead's bytes no reader waits for yet take no
+        # room read-ahead holds for readers (cache/memory.py)
+        self.cache.remember(ckey, data, ahead=background and not flight.reader_waiting)
         return data, flight.source
 
     async def _store(self, obj: ObjectVersion, ckey: bytes, data: bytes, flight: _Flight) -> None:

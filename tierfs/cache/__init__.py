@@ -214,9 +214,10 @@ class ChunkCache:
         plain LRU caches it (admission.py, `job_opened`)."""
         self.admission.job_opened(reader)
 
-    async def read(self, ckey: bytes, first: int, last: int, *,
-                   touch: bool) -> tuple[bytes | memoryview, str] | None:
-        """(bytes of blocks first..last of a chunk, "memory" | "disk"), or None on a miss."""
+    async def read(self, ckey: bytes, first: int, last: int, *, touch: bool,
+                   ahead: bool = False) -> tuple[bytes | memoryview, str] | None:
+        """(bytes of blocks first..last of a chunk, "memory" | "disk"), or None on a miss.
+        `ahead`: a read-ahead's load, whose bytes take no held chunk's room (memory.py)."""
         data = self.in_memory(ckey, first, last)
         if data is not None:
             self._memory_hits.inc()
@@ -253,13 +254,13 @@ class ChunkCache:
         bs = self.block_size
         # the memory tier keeps what was read, or views of it, without a copy
         if first == 0 and last == self.blocks_of(rec.length) - 1:
-            self.memory.put((ckey, WHOLE), data)
+            self.memory.put((ckey, WHOLE), data, ahead=ahead)
         elif first == last:
-            self.memory.put((ckey, first), data)
+            self.memory.put((ckey, first), data, ahead=ahead)
         else:
             view = memoryview(data)
             for i, b in enumerate(range(first, last + 1)):
-                self.memory.put((ckey, b), view[i * bs:(i + 1) * bs])
+                self.memory.put((ckey, b), view[i * bs:(i + 1) * bs], ahead=ahead)
         if touch:
             self.touch(ckey)
         self._publish()
@@ -267,9 +268,11 @@ class ChunkCache:
 
     # ---- fills and eviction --------------------------------------------------------
 
-    def remember(self, ckey: bytes, data: bytes) -> None:
-        """Put a freshly fetched chunk in the memory tier (synchronous, before any await)."""
-        self.memory.put((ckey, WHOLE), data)
+    def remember(self, ckey: bytes, data: bytes, *, ahead: bool = False) -> bool:
+        """Put a freshly fetched chunk in the memory tier (synchronous, before any await);
+        False if the tier had no room for it (memory.py: reserved bytes are not evictable,
+        and a read-ahead's chunk, `ahead`, does not take held ones' room)."""
+        return self.memory.put((ckey, WHOLE), data, ahead=ahead)
 
     async def fill(self, obj: ObjectVersion, ckey: bytes, data: bytes,
                    kind: Fill = Fill.READ, *, held: int = 0) -> None:
