@@ -24,9 +24,13 @@ deleted by the next. Symlinks are never followed: a symlink in the root is skipp
 nothing below is walked through one. Entries that do not look like a cache dir, and
 other users' dirs (unless gc runs as root), are skipped.
 
+A root that does not exist (a node that never mounted with the default cache dir) has
+nothing to collect: one line saying so, exit 0, so the daily timer
+(systemd/tierfs-gc.timer) does not fail on such nodes.
+
 One line per dir, then a total (--json: one object). Exit status: 0 (dirs kept for
-unsaved writes included); 1 a dir could not be judged or removed; 2 bad usage or a root
-that is not a directory, or belongs to neither root nor the caller.
+unsaved writes included, and a missing root); 1 a dir could not be judged or removed; 2
+bad usage or a root that is not a directory, or belongs to neither root nor the caller.
 """
 
 from __future__ import annotations
@@ -95,6 +99,7 @@ class Report:
     dry_run: bool
     min_age_days: float
     dirs: list[Verdict] = field(default_factory=list)
+    missing: bool = False  # the root does not exist: nothing to collect
 
     def count(self, action: str) -> int:
         return sum(1 for v in self.dirs if v.action == action)
@@ -111,6 +116,9 @@ class Report:
         return FAILED if self.count("error") else DONE
 
     def summary(self) -> str:
+        if self.missing:
+            return printable(f"nothing to collect: cache root {self.root} does not exist "
+                             "(no mount has made a cache dir there)")
         would = "would free" if self.dry_run else "freed"
         kept = self.count("keep") + self.count("clean")  # a cleaned dir stays
         return (f"total: {would} {format_size(self.freed)} ({self.freed} bytes) in "
@@ -120,7 +128,8 @@ class Report:
                 + (" (dry run: nothing changed)" if self.dry_run else ""))
 
     def as_json(self) -> dict:
-        return {"root": self.root, "dry_run": self.dry_run, "min_age_days": self.min_age_days,
+        return {"root": self.root, "missing": self.missing, "dry_run": self.dry_run,
+                "min_age_days": self.min_age_days,
                 "dirs": [asdict(v) for v in self.dirs], "bytes_freed": self.freed,
                 "removed": self.count("remove"), "cleaned": self.count("clean"),
                 "kept": self.count("keep") + self.count("clean"),
@@ -339,6 +348,12 @@ def _entry(root: str, name: str, min_age_s: float, now: float, dry_run: bool,
 def collect(root: str, min_age_days: float = DEFAULT_MIN_AGE_DAYS, dry_run: bool = False,
             now: float | None = None) -> Report:
     """Judge (and unless dry_run, collect) every entry of the cache root."""
+    try:
+        os.lstat(root)
+    except FileNotFoundError:  # not ENOTDIR, EACCES...: those are check_root's errors
+        return Report(root, dry_run, min_age_days, missing=True)
+    except OSError:
+        pass
     real = check_root(root)
     now = time.time() if now is None else now
     report = Report(real, dry_run, min_age_days)

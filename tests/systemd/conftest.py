@@ -1,7 +1,7 @@
 """Fixtures for the units under a real systemd (systemd-nspawn, see nspawn.py).
 
-  machine  (session) a booted container with systemd/*.service installed as on a node:
-           units in /usr/local/lib/systemd/system, /usr/local/bin/tierfs -> this
+  machine  (session) a booted container with systemd/*.service and *.timer installed as
+           on a node: units in /usr/local/lib/systemd/system, /usr/local/bin/tierfs -> this
            checkout's .venv/bin/tierfs, /etc/tierfs and /var/cache/tierfs bound from a
            host temporary directory (.etc, .cache: pathlib paths on the host)
   mount_config  (function) a function that writes /etc/tierfs/NAME.toml (+ NAME.credentials,
@@ -42,7 +42,7 @@ def machine(tmp_path_factory):
     for d in (etc, units, bin_, cache):
         d.mkdir()
     etc.chmod(0o700)
-    for unit in (REPO / "systemd").glob("*.service"):
+    for unit in [*(REPO / "systemd").glob("*.service"), *(REPO / "systemd").glob("*.timer")]:
         (units / unit.name).write_text(unit.read_text())
     (bin_ / "tierfs").symlink_to(Path(sys.executable).with_name("tierfs"))
     binds = [(str(etc), "/etc/tierfs", True), (str(units), "/usr/local/lib/systemd/system", False),

@@ -1,6 +1,6 @@
-"""Offline checks of systemd/*.service: `systemd-analyze verify` must print nothing at
-all (it reports unknown keys and bad values as warnings with exit status 0), and
-`systemctl --root enable` must accept the [Install] sections.
+"""Offline checks of systemd/*.service and *.timer: `systemd-analyze verify` must print
+nothing at all (it reports unknown keys and bad values as warnings with exit status 0),
+and `systemctl --root enable` must accept the [Install] sections.
 
 verify checks that every Exec*= binary exists, so it runs on instance copies whose
 /usr/local/bin/tierfs is replaced by this checkout's installed tierfs.
@@ -18,12 +18,13 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 UNITS = REPO / "systemd"
 TEMPLATES = ["tierfs@.service", "tierfs-warm@.service"]
+GC_UNITS = ["tierfs-gc.service", "tierfs-gc.timer"]  # not templates: one per node
 INSTALLED = "/usr/local/bin/tierfs"  # where docs/operations.md installs the command
 TIERFS = Path(sys.executable).with_name("tierfs")
 
 def instance_copies(dest: Path, instance: str = "test", edit=lambda text: text) -> list[Path]:
     out = []
-    for name in TEMPLATES:
+    for name in TEMPLATES + GC_UNITS:
         text = (UNITS / name).read_text().replace(INSTALLED, str(TIERFS))
         path = dest / name.replace("@.", f"@{instance}.")
         path.write_text(edit(text))
@@ -37,7 +38,7 @@ def verify(paths: list[Path]) -> subprocess.CompletedProcess:
 
 
 def test_units_use_the_documented_binary():
-    for name in TEMPLATES:
+    for name in TEMPLATES + ["tierfs-gc.service"]:
         text = (UNITS / name).read_text()
         assert f"ExecStart={INSTALLED} " in text, name
     assert TIERFS.exists(), f"{TIERFS}: the checkout's tierfs is not installed"
@@ -64,16 +65,19 @@ def test_verify_would_catch_a_mistake(tmp_path, mistake):
 def test_enable_with_root_creates_the_wants_links(tmp_path):
     system = tmp_path / "etc/systemd/system"
     system.mkdir(parents=True)
-    for name in TEMPLATES:
+    for name in TEMPLATES + GC_UNITS:
         shutil.copy(UNITS / name, system / name)
     r = subprocess.run(["systemctl", f"--root={tmp_path}", "enable",
-                        "tierfs@datasets.service", "tierfs-warm@datasets.service"],
+                        "tierfs@datasets.service", "tierfs-warm@datasets.service",
+                        "tierfs-gc.timer"],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     wants = system / "multi-user.target.wants"
     for name in TEMPLATES:
         link = wants / name.replace("@.", "@datasets.")
         assert link.is_symlink() and link.readlink() == Path("/etc/systemd/system") / name
+    timer = system / "timers.target.wants" / "tierfs-gc.timer"
+    assert timer.is_symlink() and timer.readlink() == Path("/etc/systemd/system/tierfs-gc.timer")
 
 
 def test_example_config_is_valid():
@@ -85,6 +89,6 @@ def test_example_config_is_valid():
 
 def test_units_create_private_files():
     # V1 of issue 10: cache files, index and log must not be readable by other users
-    for unit in ("tierfs@.service", "tierfs-warm@.service"):
+    for unit in ("tierfs@.service", "tierfs-warm@.service", "tierfs-gc.service"):
         lines = (UNITS / unit).read_text().splitlines()
         assert "UMask=0077" in lines, unit

@@ -271,13 +271,30 @@ def test_bad_arguments_and_roots_are_one_line(tmp_path):
     theirs.mkdir()
     os.chown(theirs, NOBODY, NOBODY)
     _one_line(tierfs("gc", "--cache-root", str(a_file)), "not a directory")
-    _one_line(tierfs("gc", "--cache-root", str(tmp_path / "missing")), "No such file")
+    _one_line(tierfs("gc", "--cache-root", str(tmp_path / "file" / "sub")), "Not a directory")
+    dangling = tmp_path / "nvme-link"
+    dangling.symlink_to(tmp_path / "unmounted-nvme")  # a root whose disk is not there
+    _one_line(tierfs("gc", "--cache-root", str(dangling)), "No such file")
     if os.geteuid() != NOBODY:
         _one_line(tierfs("gc", "--cache-root", str(theirs)), f"belongs to uid {NOBODY}")
     for bad in ("abc", "-1", "nan", "inf"):
         _one_line(tierfs("gc", "--cache-root", str(tmp_path), "--min-age", bad), "--min-age")
     _one_line(tierfs("gc", "--bogus"), "unrecognized arguments")
     assert os.path.exists(theirs)
+
+
+def test_a_missing_root_is_nothing_to_collect(tmp_path):
+    # U2: a node that never mounted has no /var/cache/tierfs; the daily timer runs gc
+    # there too. Before: exit 2 "cache root ...: No such file or directory".
+    missing = tmp_path / "never-mounted"
+    r = tierfs("gc", "--cache-root", str(missing))
+    assert r.returncode == 0 and r.stderr == "", r
+    line = (f"nothing to collect: cache root {missing} does not exist (no mount has made "
+            "a cache dir there)")
+    assert r.stdout.splitlines() == [line]
+    r, found = gc(missing, "--dry-run")
+    assert found[""]["missing"] is True and found[""]["dirs"] == []
+    assert not missing.exists()
 
 
 def test_the_default_root_is_where_mounts_put_their_cache_dirs(tmp_path):
