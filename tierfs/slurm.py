@@ -8,8 +8,12 @@ any other text of the comment (docs/slurm.md):
     tierfs:warm=auto                           what the last run of this job name read here
 
 The prolog runs as root, the job as its user: the hook is a privilege boundary. Root reads
-the comment from SLURM_JOB_COMMENT (or asks `scontrol show job` where slurmd does not export
-it); everything the comment names - manifests, paths, globs, symlinks and `..` on the way -
+the comment from its stdin (`--comment-stdin`: the wrapper in systemd/slurm/ moves
+SLURM_JOB_COMMENT there), else from SLURM_JOB_COMMENT, else asks `scontrol show job` where
+slurmd does not export it. The comment never goes to a child's environment (a long one
+would not fit: "Argument list too long"), and only its first MAX_COMMENT_BYTES are read
+for tokens: a longer comment that holds tierfs: tokens is one clear error, nothing warmed
+(a long list belongs in a manifest). Everything the comment names - manifests, paths, globs, symlinks and `..` on the way -
 is resolved in a child running as the job's uid and groups (tierfs.asuser), which answers
 with the real paths that user can read; root then warms only those, and only on tierfs
 mounts that root (or the site's `daemon_user`) mounted, through `tierfs warm` in a
@@ -60,6 +64,11 @@ SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 TIERFS_FSTYPE = "fuse.tierfs"
 MAX_UID = (1 << 32) - 2  # (uid_t)-1 means "no change" to the kernel
 _TOKEN_RE = re.compile(r"(?<!\S)tierfs:([A-Za-z_-]+)=(\S*)")
+# a comment names a few paths; thousands go in a manifest (tierfs:manifest=FILE)
+MAX_COMMENT_BYTES = 64 << 10
+# what the hook's children must not inherit: a 10 MB comment in the environment makes
+# every exec fail with E2BIG ("Argument list too long"), and none of them reads it
+_NOT_INHERITED = ("SLURM_JOB_COMMENT",)
 
 Settings = SlurmSettings  # the site settings, one schema with the mount options (config.py)
 
@@ -103,6 +112,21 @@ def parse_comment(comment: str) -> Declared:
                 else:
                     (paths if key == "warm" else manifests).append(item)
     return Declared(tuple(paths), tuple(manifests), tuple(errors), auto)
+
+
+def declared_in(comment: str) -> Declared:
+    """parse_comment of a comment up to MAX_COMMENT_BYTES. A longer one declares nothing
+    if it has no tierfs: token, else it is one error: its tokens are not used (a cut
+    comment could cut a path in two)."""
+    size = len(comment.encode(errors="replace"))
+    if size <= MAX_COMMENT_BYTES:
+        return parse_comment(comment)
+    if not _TOKEN_RE.search(comment):
+        return Declared()
+    why = (f"the job comment is {format_size(size)}, more than the "
+           f"{format_size(MAX_COMMENT_BYTES)} tierfs reads: its tierfs: tokens are ignored, "
+           "nothing warmed (name a long list in a manifest: tierfs:manifest=FILE)")
+    return Declared(errors=(why,))
 
 
 def comment_from_scontrol(text: str) -> str:
@@ -285,12 +309,17 @@ def _tierfs(args: list[str], deadline: float) -> tuple[int, str, str]:
     return _finish(proc, deadline)
 
 
-def _spawn(args: list[str]) -> subprocess.Popen:
-    env = dict(os.environ)
+def child_env() -> dict[str, str]:
+    """The hook's environment for its children: PATH set, the job comment left out."""
+    env = {k: v for k, v in os.environ.items() if k not in _NOT_INHERITED}
     env.setdefault("PATH", SAFE_PATH)
+    return env
+
+
+def _spawn(args: list[str]) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "tierfs", *args], stdin=subprocess.DEVNULL,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            errors="replace", env=env, cwd="/")
+                            errors="replace", env=child_env(), cwd="/")
 
 
 def _finish(proc: subprocess.Popen, deadline: float) -> tuple[int, str, str]:
@@ -398,7 +427,7 @@ def _show_job(job: Job, settings: Settings, deadline: float) -> str:
     try:
         r = subprocess.run([settings.scontrol, "show", "job", job.id], capture_output=True,
                            text=True, errors="replace", timeout=wait, stdin=subprocess.DEVNULL,
-                           env={**os.environ, "PATH": os.environ.get("PATH", SAFE_PATH)})
+                           env=child_env())
     except subprocess.TimeoutExpired:
         raise DeclarationError(f"scontrol show job {job.id}: no answer in {wait:g}s") from None
     except OSError as exc:
@@ -496,11 +525,15 @@ def _warm(settings: Settings, job: Job, paths: list[str], deadline: float) -> tu
     return _summary("".join(outs)), problems
 
 
-def prolog(settings: Settings, job: Job, log: Log) -> int:
+def prolog(settings: Settings, job: Job, log: Log, comment: str | None = None) -> int:
+    """`comment`: the job comment as handed over on stdin; None: from the environment or
+    scontrol."""
     started = time.monotonic()
     deadline = started + settings.timeout  # one deadline for all of it
     try:
-        declared = parse_comment(_job_comment(job, settings, deadline))
+        if comment is None:
+            comment = _job_comment(job, settings, deadline)
+        declared = declared_in(comment)
     except DeclarationError as exc:  # scontrol failed: a failed warm like any other
         declared = Declared(errors=(str(exc),))
     if not declared:
@@ -689,7 +722,12 @@ def _run(args: argparse.Namespace) -> int:
     log = Log(settings, args.hook, job.id)
     strict = settings.strict and args.hook == "prolog"
     try:
-        return (prolog if args.hook == "prolog" else epilog)(settings, job, log)
+        if args.hook == "epilog":
+            return epilog(settings, job, log)
+        comment = None
+        if args.comment_stdin:  # bytes as Slurm has them; not UTF-8 is replaced, not fatal
+            comment = sys.stdin.buffer.read().decode(errors="replace")
+        return prolog(settings, job, log, comment)
     except Exception as exc:  # a hook must not leave a traceback, nor drain a node by accident
         log.line(f"user={job.user} FAILED ({'strict' if strict else 'best-effort'}), "
                  f"unexpected {type(exc).__name__}: {exc}")
@@ -728,4 +766,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         h = hooks.add_parser(hook, help=text, description=text)
         h.add_argument("--config", help=f"site settings (default ${CONFIG_ENV}, else "
                        f"{CONFIG_NAME} beside slurm.conf)")
+        if hook == "prolog":
+            h.add_argument("--comment-stdin", action="store_true",
+                           help="read the job comment from stdin, not from "
+                                "SLURM_JOB_COMMENT or scontrol (systemd/slurm/tierfs-slurm)")
         h.set_defaults(run=run)
