@@ -237,6 +237,10 @@ class Analytics:
             self._access(p, ckey, source, now)
             if reader is not None and reader.startswith("job:"):
                 self._job_read(reader[4:], path, etag, size, now)
+            elif reader is not None and reader.startswith("pod:"):
+                # kept under "pod:UID" beside the job ids: tierfs-csi's warm_auto asks
+                # what the last pod of a workload read
+                self._job_read(reader, path, etag, size, now)
 
     def _access(self, p: PrefixStats, ckey: bytes, source: str, now: float) -> None:
         again = source in CACHED

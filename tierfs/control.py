@@ -1,5 +1,5 @@
 """The control socket of a running mount: `tierfs status`, `warm`, `evict`, `unpin`, `usage`,
-`report` (and its `job_files`).
+`report` (and its `job_files`), and `pod` (tierfs-csi naming the pod behind `pod:UID`).
 
 Transport: a unix stream socket (tierfs.runpaths.control_socket), mode 0600 in a 0700
 directory, and each connection's peer uid is checked (SO_PEERCRED): only root and the
@@ -37,8 +37,8 @@ from .errors import StartupError, TierfsError, UsageError
 from .metrics import Metrics
 from .peers import PeerTier
 from .protocol import (IDLE_TIMEOUT_S, MAX_REQUEST, PROTOCOL, EvictRequest, JobFilesRequest,
-                       ReportRequest, Request, StatusRequest, UnpinRequest, UsageRequest,
-                       WarmRequest)
+                       PodRequest, ReportRequest, Request, StatusRequest, UnpinRequest,
+                       UsageRequest, WarmRequest)
 from .report import build_report, job_files
 from .warm import Warmer
 
@@ -211,6 +211,9 @@ class ControlServer:
             return {"owners_released": owners, "objects": sum(pins.release(o) for o in owners)}
         if job:
             return {"owners_released": [f"job:{job}"], "objects": pins.release(f"job:{job}")}
+        if req.pod:  # that pod's pins only, never another pod's on the same volume
+            return {"owners_released": [f"pod:{req.pod}"],
+                    "objects": pins.release(f"pod:{req.pod}")}
         return await self.warmer.unpin(req.paths)
 
 
@@ -222,6 +225,15 @@ class ControlServer:
 
     async def job_files(self, req: JobFilesRequest, send: Any) -> dict:
         return job_files(req, self.warmer.ns.analytics)
+
+    async def pod(self, req: PodRequest, send: Any) -> dict:
+        if self.usage is None:
+            raise UsageError("this daemon keeps no usage accounting (a tierfs from before it)")
+        if req.forget:
+            return {"uid": req.uid, "known": self.usage.forget_pod(req.uid)}
+        self.usage.label_pod(req.uid, req.namespace or "", name=req.name,
+                             service_account=req.service_account, tenant=req.tenant)
+        return {"uid": req.uid, "namespace": req.namespace, "known": True}
 
     async def usage_of(self, req: UsageRequest, send: Any) -> dict:
         if self.usage is None:
@@ -235,6 +247,9 @@ class ControlServer:
         if req.reader is not None:  # one reader (the Slurm epilog): no index walk
             tally = self.usage.reader(req.reader)
             result["rows"] = [] if tally is None else [_row(req.reader, tally)]
+        elif req.by == "namespace":  # pods' reads, by the namespace tierfs-csi named
+            result["rows"] = [_row(name, t) for name, t in
+                              sorted(self.usage.by_namespace().items())]
         elif req.by == "tenant":
             # the cache's own per-tenant count: exact, no walk of the index
             shares = c.tenant_bytes()
@@ -276,7 +291,7 @@ _OPS: dict[type[Request], Callable[..., Any]] = {
     StatusRequest: ControlServer.status, WarmRequest: ControlServer.warm,
     EvictRequest: ControlServer.evict, UnpinRequest: ControlServer.unpin,
     UsageRequest: ControlServer.usage_of, ReportRequest: ControlServer.report,
-    JobFilesRequest: ControlServer.job_files}
+    JobFilesRequest: ControlServer.job_files, PodRequest: ControlServer.pod}
 
 
 def prepare_socket_dir(path: str) -> None:

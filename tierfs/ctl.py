@@ -653,8 +653,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                                      "tenant or reader; --forecast: when the cache fills")
     g.add_argument("mountpoint", nargs="?", metavar="MOUNT",
                    help="a tierfs mount point (default: every tierfs mount of this node)")
-    g.add_argument("--by", choices=("tenant", "job", "uid", "pod"), default="tenant",
-                   help="rows per tenant (default), Slurm job, uid or Kubernetes pod")
+    g.add_argument("--by", choices=("tenant", "job", "uid", "pod", "namespace"),
+                   default="tenant", help="rows per tenant (default), Slurm job, uid, "
+                   "Kubernetes pod or namespace (pods named by tierfs-csi)")
     g.add_argument("--forecast", action="store_true",
                    help="also the capacity forecast and each tenant's working set")
     g.add_argument("--reader", metavar="NAME",

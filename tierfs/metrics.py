@@ -131,6 +131,15 @@ class Metrics:
         self.tenant_stall_seconds = Counter("tierfs_tenant_stall_seconds",
                                             "Seconds reads waited on the object store or a peer",
                                             ["tenant"], registry=r)
+        # Kubernetes pods' reads by namespace (tierfs-csi names the pods; usage.py bounds
+        # the namespaces: they are label values, pods never are)
+        self.namespace_read_bytes = Counter("tierfs_namespace_read_bytes",
+                                            "Bytes returned to Kubernetes pods per namespace "
+                                            "and source", ["namespace", "source"], registry=r)
+        self.namespace_stall_seconds = Counter("tierfs_namespace_stall_seconds",
+                                               "Seconds Kubernetes pods' reads waited on the "
+                                               "object store or a peer, per namespace",
+                                               ["namespace"], registry=r)
         # kind: cached (chunks on disk), pinned (of those), dirty (unsaved writes)
         self.tenant_cache_bytes = Gauge("tierfs_tenant_cache_bytes",
                                         "Bytes of the cache per tenant and kind",

@@ -1,5 +1,5 @@
 """The control socket's messages, typed once for the daemon (control.py) and its clients
-(ctl.py, and through them the Slurm hooks): docs/control.md.
+(ctl.py, and through them the Slurm hooks and tierfs-csi): docs/control.md.
 
 One JSON request line per connection, answered by event lines and one final line. Both
 ends parse with the same rules: a line is at most MAX_REQUEST (requests) or MAX_REPLY
@@ -69,6 +69,24 @@ Paths = Annotated[list[RelPath], Field(min_length=1, max_length=MAX_PATHS)]
 JobId = Annotated[str, BeforeValidator(check_job_id)]
 
 
+def _pod_uid(value: str) -> str:
+    if not value or not all(c.isascii() and (c.isalnum() or c == "-") for c in value):
+        raise ValueError("a pod UID is letters, digits and '-' (a Kubernetes UID)")
+    return value
+
+
+def _k8s_name(value: str) -> str:
+    # DNS-1123 names (namespaces, pods, service accounts): they become label values and
+    # log words, so nothing else gets through
+    if not value or not all(c.isascii() and (c.isalnum() or c in "-.") for c in value):
+        raise ValueError("a Kubernetes name is letters, digits, '-' and '.'")
+    return value
+
+
+PodUid = Annotated[str, Field(max_length=64), AfterValidator(_pod_uid)]
+K8sName = Annotated[str, Field(max_length=253), AfterValidator(_k8s_name)]
+
+
 class _Request(BaseModel):
     # strict: "true" is not true and 5.0 is not 5 on the wire; unknown fields are ignored
     model_config = ConfigDict(strict=True, frozen=True, extra="ignore", allow_inf_nan=False)
@@ -92,6 +110,7 @@ class WarmRequest(_Request):
     check: bool = False  # only report how much is cached
     pin: bool = False
     job: JobId | None = None  # pin for this job (implies pin)
+    pod: PodUid | None = None  # pin for this Kubernetes pod (implies pin; tierfs-csi)
     pin_ttl: Annotated[float, Field(gt=0, le=MAX_DURATION)] | None = None  # seconds
     concurrency: Annotated[int, Field(ge=1, le=256)] | None = None  # default: the mount's
 
@@ -99,6 +118,8 @@ class WarmRequest(_Request):
     def pin_owner(self) -> str | None:
         if self.check:
             return None
+        if self.pod:
+            return f"pod:{self.pod}"
         return f"job:{self.job}" if self.job else ("manual" if self.pin or self.pin_ttl
                                                    else None)
 
@@ -112,12 +133,14 @@ class UnpinRequest(_Request):
     op: Literal["unpin"] = "unpin"
     paths: Annotated[list[RelPath], Field(max_length=MAX_PATHS)] = []
     job: JobId | None = None
+    pod: PodUid | None = None  # a pod's pins (NodeUnpublishVolume)
     all: bool = False
 
     @model_validator(mode="after")
     def _one_target(self) -> "UnpinRequest":
-        if sum((bool(self.paths), self.job is not None, self.all)) != 1:
-            raise ValueError("unpin takes paths, job or all (one of them)")
+        if sum((bool(self.paths), self.job is not None, self.pod is not None,
+                self.all)) != 1:
+            raise ValueError("unpin takes paths, job, pod or all (one of them)")
         return self
 
 
@@ -134,7 +157,7 @@ ReaderName = Annotated[str, Field(max_length=80), AfterValidator(_reader_name)]
 
 class UsageRequest(_Request):
     op: Literal["usage"] = "usage"
-    by: Literal["tenant", "job", "pod", "uid"] = "tenant"
+    by: Literal["tenant", "job", "pod", "uid", "namespace"] = "tenant"
     reader: ReaderName | None = None  # only this reader ("job:1234"): the Slurm epilog
     forecast: bool = False  # with the capacity history's forecast and working sets
 
@@ -149,18 +172,50 @@ class ReportRequest(_Request):
 
 
 class JobFilesRequest(_Request):
-    """`tierfs report --manifest --job ID`: the files a Slurm job read through the mount."""
+    """`tierfs report --manifest --job ID`: the files a Slurm job read through the mount;
+    with `pod` instead, the files a Kubernetes pod read (tierfs-csi's warm_auto)."""
     op: Literal["job_files"] = "job_files"
-    job: JobId
+    job: JobId | None = None
+    pod: PodUid | None = None
     since: Annotated[float, Field(ge=0, le=MAX_DURATION)] | None = None  # seconds back
+
+    @model_validator(mode="after")
+    def _one_reader(self) -> "JobFilesRequest":
+        if (self.job is None) == (self.pod is None):
+            raise ValueError("job_files takes a job or a pod (one of them)")
+        return self
+
+    @property
+    def key(self) -> str:
+        """The analytics' key: a job's id, or "pod:UID"."""
+        return self.job if self.job is not None else f"pod:{self.pod}"
+
+
+class PodRequest(_Request):
+    """tierfs-csi, at each NodePublishVolume: who the pod behind `pod:UID` reads is, so
+    its reads count for its namespace (and its tenant, with tenant_from); `forget` at
+    NodeUnpublishVolume."""
+    op: Literal["pod"] = "pod"
+    uid: PodUid
+    namespace: K8sName | None = None
+    name: K8sName | None = None
+    service_account: K8sName | None = None
+    tenant: Annotated[str, Field(max_length=63), AfterValidator(_k8s_name)] | None = None
+    forget: bool = False
+
+    @model_validator(mode="after")
+    def _named(self) -> "PodRequest":
+        if not self.forget and self.namespace is None:
+            raise ValueError("a pod is registered with its namespace")
+        return self
 
 
 Request = (StatusRequest | WarmRequest | EvictRequest | UnpinRequest | UsageRequest
-           | ReportRequest | JobFilesRequest)
+           | ReportRequest | JobFilesRequest | PodRequest)
 REQUESTS: dict[str, type[_Request]] = {"status": StatusRequest, "warm": WarmRequest,
                                        "evict": EvictRequest, "unpin": UnpinRequest,
                                        "usage": UsageRequest, "report": ReportRequest,
-                                       "job_files": JobFilesRequest}
+                                       "job_files": JobFilesRequest, "pod": PodRequest}
 
 
 def parse_request(line: bytes) -> Request:
@@ -349,7 +404,7 @@ class ForecastResult(_Result):
 
 
 class UsageResult(_Result):
-    by: Literal["tenant", "job", "pod", "uid"]
+    by: Literal["tenant", "job", "pod", "uid", "namespace"]
     rows: list[UsageRow]
     cache: CacheShare
     cached_from: Literal["cache", "index", "none"]  # where per-tenant cached bytes came from
@@ -460,6 +515,12 @@ class JobFile(_Result):
     last: float
 
 
+class PodResult(_Result):
+    uid: str
+    namespace: str | None = None
+    known: bool  # registered now, or (forget) it was
+
+
 class JobFilesResult(_Result):
     job: str
     known: bool  # False: this mount saw no read of that job (or it is past the window)
@@ -472,7 +533,7 @@ class JobFilesResult(_Result):
 RESULTS: dict[str, type[_Result]] = {"status": StatusResult, "warm": WarmResult,
                                      "evict": EvictResult, "unpin": UnpinResult,
                                      "usage": UsageResult, "report": ReportResult,
-                                     "job_files": JobFilesResult}
+                                     "job_files": JobFilesResult, "pod": PodResult}
 
 
 def check_result(op: str, result: dict[str, Any]) -> dict[str, Any]:

@@ -162,10 +162,10 @@ def _stalls(metrics: Metrics, stalls: "StallLog | None") -> dict[str, Any]:
 
 def job_files(req: JobFilesRequest, analytics: Analytics) -> dict[str, Any]:
     since = analytics.clock() - req.since if req.since is not None else None
-    j = analytics.job(req.job, since)
+    j = analytics.job(req.key, since)  # a job's id, or "pod:UID"
     if j is None:
-        return {"job": req.job, "known": False, "files": []}
-    return {"job": req.job, "known": True, "truncated": j.truncated, "first": j.first,
+        return {"job": req.key, "known": False, "files": []}
+    return {"job": req.key, "known": True, "truncated": j.truncated, "first": j.first,
             "last": j.last,
             "files": [{"path": f.path, "etag": f.etag, "size": f.size, "last": f.last}
                       for f in sorted(j.files.values(), key=lambda f: f.path)]}

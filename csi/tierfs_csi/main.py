@@ -52,6 +52,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="start each tierfs daemon in a transient systemd scope of the host, "
                         "so it outlives the plugin container (needs hostPID and the host's "
                         "/run/systemd)")
+    p.add_argument("--accounting-file", metavar="FILE",
+                   help="append one JSON line per pod that read through a volume, at its "
+                        "NodeUnpublishVolume (what it read, from where, its stalls)")
     p.add_argument("--log-level", default="info",
                    choices=("debug", "info", "warning", "error"))
     return p
@@ -83,6 +86,8 @@ def main(argv: list[str] | None = None) -> None:
         _fail("--mount-timeout and --fs-timeout must be positive (and at most a day)", 2)
     if not os.path.isabs(args.kubelet_dir) or os.path.normpath(args.kubelet_dir) == "/":
         _fail(f"--kubelet-dir {args.kubelet_dir!r}: expected an absolute directory, not /", 2)
+    if args.accounting_file is not None and not os.path.isabs(args.accounting_file):
+        _fail(f"--accounting-file {args.accounting_file!r}: expected an absolute path", 2)
     logging.basicConfig(stream=sys.stderr, level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
@@ -98,6 +103,7 @@ def serve(args: argparse.Namespace, path: str) -> None:
 
     from . import csi_pb2_grpc as pb_grpc
     from .paths import KubeletDir
+    from .pods import Pods
     from .service import Controller, Identity, Node
     from .volumes import Volumes
 
@@ -125,8 +131,9 @@ def serve(args: argparse.Namespace, path: str) -> None:
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
     pb_grpc.add_IdentityServicer_to_server(Identity(args.driver_name, volumes), server)
     pb_grpc.add_ControllerServicer_to_server(Controller(), server)
-    pb_grpc.add_NodeServicer_to_server(Node(args.node_id, volumes, KubeletDir(args.kubelet_dir)),
-                                       server)
+    pb_grpc.add_NodeServicer_to_server(
+        Node(args.node_id, volumes, KubeletDir(args.kubelet_dir),
+             Pods(volumes.records, args.accounting_file)), server)
     try:
         server.add_insecure_port(f"unix://{path}")
     except RuntimeError as exc:

@@ -4,7 +4,12 @@ restarted plugin carries on where the last one stopped:
   STATE_DIR/VOLUME/cache/          the daemon's cache dir (kept after unstage: the point)
   STATE_DIR/VOLUME/stage.json      the staging path and the spec it was staged with
   STATE_DIR/VOLUME/credentials     the node-stage secret, 0600 (removed at unstage)
-  STATE_DIR/VOLUME/targets/*.json  one per published target: its path and arguments
+  STATE_DIR/VOLUME/targets/*.json  one per published target: its path and arguments,
+                                   and the pod it was published for (podInfoOnMount)
+  STATE_DIR/VOLUME/workloads.json  workload -> the last pod of it that read here (warm_auto)
+  STATE_DIR/VOLUME/mount/          an inline (ephemeral) volume's staging mount point
+  STATE_DIR/ephemeral/*.json       kubelet's id of an inline volume -> the shared volume
+                                   that serves it (pods declaring the same source share)
 
 Files are replaced atomically (write, rename), so a crash leaves the old or the new one.
 """
@@ -20,6 +25,7 @@ from dataclasses import asdict, dataclass
 from .options import StageSpec
 
 _SAFE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+MAX_WORKLOADS = 1000  # per volume
 
 
 @dataclass(frozen=True)
@@ -42,6 +48,11 @@ class TargetRecord:
     staging_path: str
     readonly: bool
     capability: str  # access mode and mount flags, as service.py summarizes them
+    pod_uid: str = ""  # the pod it was published for (podInfoOnMount), "" if not told
+    pod: str = ""  # "namespace/name"
+    workload: str = ""  # "namespace/workload" for warm_auto
+    declared: str = ""  # digest of the declared data (declared.py)
+    ephemeral_id: str = ""  # kubelet's volume id, for an inline volume
 
 
 class Records:
@@ -102,6 +113,38 @@ class Records:
 
     def drop_target(self, volume_id: str, target: str) -> None:
         remove(self._target_file(volume_id, target))
+
+    # ------------------------------------------------------------------ warm_auto
+    def last_pod(self, volume_id: str, workload: str) -> str | None:
+        data = _load(os.path.join(self.volume_dir(volume_id), "workloads.json")) or {}
+        uid = data.get(workload)
+        return uid if isinstance(uid, str) else None
+
+    def save_last_pod(self, volume_id: str, workload: str, pod_uid: str) -> None:
+        path = os.path.join(self.volume_dir(volume_id), "workloads.json")
+        data = _load(path) or {}
+        data.pop(workload, None)
+        data[workload] = pod_uid  # the newest last: the oldest go first past the bound
+        _save(path, dict(list(data.items())[-MAX_WORKLOADS:]))
+
+    # ------------------------------------------------------------------ inline volumes
+    def ephemeral_staging(self, shared_id: str) -> str:
+        return os.path.join(self.volume_dir(shared_id), "mount")
+
+    def _alias_file(self, ephemeral_id: str) -> str:
+        name = hashlib.sha256(ephemeral_id.encode()).hexdigest()[:32] + ".json"
+        return os.path.join(self.state_dir, "ephemeral", name)
+
+    def shared_of(self, ephemeral_id: str) -> str | None:
+        data = _load(self._alias_file(ephemeral_id))
+        shared = data.get("shared") if data else None
+        return shared if isinstance(shared, str) else None
+
+    def save_alias(self, ephemeral_id: str, shared_id: str) -> None:
+        _save(self._alias_file(ephemeral_id), {"volume_id": ephemeral_id, "shared": shared_id})
+
+    def drop_alias(self, ephemeral_id: str) -> None:
+        remove(self._alias_file(ephemeral_id))
 
 
 def _load(path: str) -> dict | None:

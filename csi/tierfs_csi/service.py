@@ -1,4 +1,11 @@
-"""The CSI services: argument checks and answers; the node work is in volumes.py.
+"""The CSI services: argument checks and answers; the node work is in volumes.py, the
+pod's (warm, pins, its end-of-pod line) in pods.py.
+
+Inline (ephemeral) volumes come with NodePublishVolume only: the plugin stages them itself,
+at STATE_DIR/<shared>/mount, as a volume whose id is a digest of the source, the mount
+options and the secret, so pods declaring the same bucket and prefix with the same
+credentials on a node share one daemon and cache (and a pod with other credentials never
+reads through another's daemon); the last pod's unpublish unstages it (the cache stays).
 
 Every RPC goes through `_rpc`: it logs the call by its non-secret fields only (never
 `secrets`, never attribute values), turns CsiError into the gRPC status the spec asks
@@ -8,7 +15,9 @@ for, and anything unforeseen into INTERNAL with its traceback in the plugin's lo
 from __future__ import annotations
 
 import functools
+import hashlib
 import importlib.util
+import json
 import logging
 import os
 import shutil
@@ -17,12 +26,13 @@ import stat
 import grpc
 from google.protobuf.wrappers_pb2 import BoolValue
 
-from . import __version__
+from . import __version__, declared
 from . import csi_pb2 as pb
 from . import csi_pb2_grpc as pb_grpc
 from .errors import CsiError, invalid
 from .options import OptionError, stage_spec
 from .paths import KubeletDir
+from .pods import Pods, target_fields
 from .records import TargetRecord
 from .volumes import Volumes
 
@@ -72,6 +82,14 @@ def _required(request, *names: str) -> None:
 
 def _short(text: str) -> str:
     return repr(text) if len(text) <= 200 else repr(text[:197]) + "..."
+
+
+def _shared_id(spec, secrets: dict[str, str]) -> str:
+    """The id of the daemon an inline volume is served by: the same source, options and
+    credentials give the same one (the secret only as part of a digest)."""
+    text = json.dumps([spec.source, sorted(spec.options.items()), spec.read_only,
+                       sorted(secrets.items())])
+    return "inline-" + hashlib.sha256(text.encode()).hexdigest()[:24]
 
 
 def _volume_id(volume_id: str) -> None:
@@ -156,10 +174,12 @@ class Controller(pb_grpc.ControllerServicer):
 
 
 class Node(pb_grpc.NodeServicer):
-    def __init__(self, node_id: str, volumes: Volumes, kubelet_dir: KubeletDir):
+    def __init__(self, node_id: str, volumes: Volumes, kubelet_dir: KubeletDir,
+                 pods: Pods | None = None):
         self.node_id = node_id
         self.volumes = volumes
         self.kubelet_dir = kubelet_dir  # staging and target paths must lie under it
+        self.pods = pods or Pods(volumes.records)
 
     @_rpc
     def NodeGetInfo(self, request, context):
@@ -180,7 +200,8 @@ class Node(pb_grpc.NodeServicer):
         staging = self.kubelet_dir.check("staging_target_path", request.staging_target_path)
         _, reader_only = _capability(request.volume_capability)
         try:
-            spec = stage_spec(dict(request.volume_context),
+            declared.parse(dict(request.volume_context))  # a bad one fails here too
+            spec = stage_spec(declared.strip(dict(request.volume_context)),
                               list(request.volume_capability.mount.mount_flags), reader_only,
                               staging, node_ip=os.environ.get("POD_IP") or None)
             with self.volumes.lock(request.volume_id):
@@ -200,25 +221,83 @@ class Node(pb_grpc.NodeServicer):
 
     @_rpc
     def NodePublishVolume(self, request, context):
-        _required(request, "volume_id", "staging_target_path", "target_path",
-                  "volume_capability")
+        ctx = dict(request.volume_context)
+        ephemeral = declared.is_ephemeral(ctx)
+        _required(request, "volume_id", "target_path", "volume_capability",
+                  *(() if ephemeral else ("staging_target_path",)))
         _volume_id(request.volume_id)
         target = self.kubelet_dir.check("target_path", request.target_path)
         summary, reader_only = _capability(request.volume_capability)
+        try:
+            wanted = declared.parse(ctx)
+            pod = declared.pod_of(ctx)
+        except OptionError as exc:
+            raise invalid(str(exc)) from None
+        if ephemeral:
+            self._publish_inline(request, ctx, target, summary, reader_only, wanted, pod)
+            return pb.NodePublishVolumeResponse()
         want = TargetRecord(request.volume_id, target,
                             self.kubelet_dir.lookup(request.staging_target_path),
-                            request.readonly or reader_only, summary)
+                            request.readonly or reader_only, summary,
+                            **target_fields(pod, wanted))
         with self.volumes.lock(request.volume_id):
-            self.volumes.publish(want)
+            self.volumes.publish(want, lambda: self.pods.publish(
+                want.volume_id, want.staging_path, pod, wanted))
         return pb.NodePublishVolumeResponse()
+
+    def _publish_inline(self, request, ctx: dict[str, str], target: str, summary: str,
+                        reader_only: bool, wanted: declared.Declared,
+                        pod: declared.Pod | None) -> None:
+        secrets = dict(request.secrets)
+        try:
+            # the staging path is the plugin's own (below); the spec does not depend on it
+            spec = stage_spec(declared.strip(ctx), list(request.volume_capability.mount
+                                                        .mount_flags), reader_only,
+                              "/", node_ip=os.environ.get("POD_IP") or None)
+        except OptionError as exc:
+            raise invalid(str(exc)) from None
+        shared = _shared_id(spec, secrets)
+        records = self.volumes.records
+        known = records.shared_of(request.volume_id)
+        if known is not None and known != shared:
+            raise CsiError(grpc.StatusCode.ALREADY_EXISTS,
+                           f"inline volume {_short(request.volume_id)} is already published "
+                           "with other attributes")
+        staging = records.ephemeral_staging(shared)
+        want = TargetRecord(shared, target, staging, request.readonly or reader_only,
+                            summary, **target_fields(pod, wanted),
+                            ephemeral_id=request.volume_id)
+        with self.volumes.lock(shared):
+            try:
+                self.volumes.stage(shared, staging, spec, secrets)
+            except OptionError as exc:
+                raise invalid(str(exc)) from None
+            records.save_alias(request.volume_id, shared)
+            try:
+                self.volumes.publish(want, lambda: self.pods.publish(shared, staging, pod,
+                                                                     wanted))
+            except BaseException:
+                if not records.targets(shared):
+                    self.volumes.unstage(shared, staging)  # no pod uses it: nothing kept
+                    records.drop_alias(request.volume_id)
+                raise
 
     @_rpc
     def NodeUnpublishVolume(self, request, context):
         _required(request, "volume_id", "target_path")
-        with self.volumes.lock(request.volume_id):
-            self.volumes.unpublish(request.volume_id,
-                                   self.kubelet_dir.lookup(request.target_path),
-                                   given=request.target_path)
+        shared = self.volumes.records.shared_of(request.volume_id)
+        volume_id = shared or request.volume_id
+        with self.volumes.lock(volume_id):
+            rec = self.volumes.unpublish(volume_id,
+                                         self.kubelet_dir.lookup(request.target_path),
+                                         given=request.target_path)
+            if rec is not None:
+                self.pods.unpublished(rec, rec.staging_path)
+            if shared is not None:
+                if not self.volumes.records.targets(shared):
+                    # the last pod of an inline volume: its daemon goes, its cache stays
+                    self.volumes.unstage(shared, self.volumes.records.ephemeral_staging(shared))
+                self.volumes.records.drop_alias(request.volume_id)
         return pb.NodeUnpublishVolumeResponse()
 
     @_rpc

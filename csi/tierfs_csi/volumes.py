@@ -219,7 +219,10 @@ class Volumes:
         log.info("unstaged volume %s from %s (cache kept)", volume_id, staging)
 
     # ------------------------------------------------------------------ publish
-    def publish(self, want: TargetRecord) -> None:
+    def publish(self, want: TargetRecord, before_bind=None) -> bool:
+        """Bind the staging path at the target; `before_bind()` (the pod's warm) runs
+        once the checks passed and before anything is recorded or bound, so a failure in
+        it leaves nothing. False if it was published so already (nothing done)."""
         rec = self.records.stage(want.volume_id)
         if rec is None or rec.staging_path != want.staging_path \
                 or not mounts.find(want.staging_path):
@@ -233,12 +236,14 @@ class Volumes:
                 mounts.unmount_all(target, self.fs_timeout)
             elif self.records.target(want.volume_id, target) == want \
                     and _same_fs(target, want.staging_path):
-                return
+                return False
             else:
                 raise CsiError(grpc.StatusCode.ALREADY_EXISTS,
                                f"target path {target} is already published with other "
                                "arguments or another volume")
         _refuse_non_empty(target)
+        if before_bind is not None:
+            before_bind()
         created = not os.path.lexists(target)
         os.makedirs(target, exist_ok=True)
         # recorded before binding: a plugin that dies in between leaves a record, so the
@@ -253,8 +258,10 @@ class Volumes:
             raise
         log.info("published volume %s at %s%s", want.volume_id, target,
                  " (read-only)" if want.readonly else "")
+        return True
 
-    def unpublish(self, volume_id: str, target: str, given: str | None = None) -> None:
+    def unpublish(self, volume_id: str, target: str,
+                  given: str | None = None) -> TargetRecord | None:
         """`target` is the resolved path (paths.py), where the bind is; `given` the path
         as the request named it, which a record made before paths were resolved may hold
         (its bind is at the resolved path all the same: the kernel resolved it)."""
@@ -262,17 +269,19 @@ class Volumes:
         if self.records.target(volume_id, target) is None and given is not None \
                 and self.records.target(volume_id, given) is not None:
             recorded = given
-        if self.records.target(volume_id, recorded) is None:
+        rec = self.records.target(volume_id, recorded)
+        if rec is None:
             # not published there by this plugin for this volume: nothing to undo, and a
             # mount or directory someone else made is left alone
             log.info("unpublish of volume %s at %r: not published there by this plugin, "
                      "nothing to do", volume_id, target)
-            return
+            return None
         if mounts.find(target):
             mounts.unmount_all(target, self.fs_timeout)
             log.info("unpublished volume %s from %s", volume_id, target)
         _rmdir(target)
         self.records.drop_target(volume_id, recorded)
+        return rec
 
     def owns_path(self, volume_id: str, path: str) -> bool:
         """True if `path` is this volume's staging path or one of its targets, mounted."""
