@@ -42,7 +42,8 @@ def test_csidriver_is_node_only():
     spec = _one("CSIDriver")["spec"]
     assert _one("CSIDriver")["metadata"]["name"] == DRIVER
     assert spec["attachRequired"] is False  # no controller: no VolumeAttachment to wait on
-    assert spec["volumeLifecycleModes"] == ["Persistent"]
+    assert spec["volumeLifecycleModes"] == ["Persistent", "Ephemeral"]
+    assert spec["podInfoOnMount"] is True  # pins per pod, reads per namespace
 
 
 def test_daemonset_has_what_the_plugin_needs():
@@ -84,9 +85,13 @@ def test_daemonset_has_what_the_plugin_needs():
 def test_example_volume_uses_the_driver_and_only_known_attributes():
     from tierfs_csi.options import stage_spec
 
+    from tierfs_csi import declared
+
     pv = _one("PersistentVolume")["spec"]
     assert pv["csi"]["driver"] == DRIVER
-    spec = stage_spec(pv["csi"]["volumeAttributes"], [], False, "/staging")
+    attrs = pv["csi"]["volumeAttributes"]
+    assert declared.parse(attrs).warms
+    spec = stage_spec(declared.strip(attrs), [], False, "/staging")
     assert spec.source.startswith("s3://")
     secret = _one("Secret")
     ref = pv["csi"]["nodeStageSecretRef"]
@@ -99,3 +104,27 @@ def test_example_volume_uses_the_driver_and_only_known_attributes():
     assert pod["volumes"][0]["persistentVolumeClaim"]["claimName"] == claim["metadata"]["name"]
     # lets a running pod recover when its volume's daemon is restarted
     assert pod["containers"][0]["volumeMounts"][0]["mountPropagation"] == "HostToContainer"
+
+
+def test_inline_job_declares_its_data_with_known_attributes():
+    from tierfs_csi import declared
+    from tierfs_csi.options import stage_spec
+
+    pod = _one("Job")["spec"]["template"]["spec"]
+    vol = pod["volumes"][0]["csi"]
+    assert vol["driver"] == DRIVER
+    secret = _one("Secret")["metadata"]
+    assert vol["nodePublishSecretRef"]["name"] == secret["name"]
+    assert _one("Job")["metadata"]["namespace"] == secret["namespace"]
+    wanted = declared.parse(vol["volumeAttributes"])
+    assert wanted.paths and wanted.manifest and wanted.auto and wanted.strict and wanted.pin
+    assert wanted.timeout_s < 120  # within kubelet's 2 min for the call
+    stage_spec(declared.strip(vol["volumeAttributes"]), [], True, "/staging")
+
+
+def test_admission_policy_is_bound_and_checks_inline_tierfs_volumes():
+    policy = _one("ValidatingAdmissionPolicy")
+    binding = _one("ValidatingAdmissionPolicyBinding")
+    assert binding["spec"]["policyName"] == policy["metadata"]["name"]
+    assert binding["spec"]["validationActions"] == ["Deny"]
+    assert DRIVER in policy["spec"]["variables"][0]["expression"]
