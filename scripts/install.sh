@@ -3,6 +3,8 @@
 # tools, a throw-away Ceph RGW for tests/demo), .venv with tierfs installed editable, /dev/fuse.
 # Idempotent and fast (<1 s) when everything is already there. One line per step; the
 # output of apt-get/pip goes to a log that is shown only on failure.
+# Python packages: the exact versions of constraints.txt (pip -c), so two installs of one
+# commit get the same packages; pyproject.toml keeps only floors.
 # Env: PYTHON   interpreter for the venv (default: python3 on PATH; must be >= 3.11)
 set -euo pipefail
 
@@ -11,6 +13,8 @@ cd "$ROOT"
 VENV=$ROOT/.venv
 STAMP=$VENV/.tierfs-install-stamp
 PY=${PYTHON:-python3}
+CONSTRAINTS=$ROOT/constraints.txt
+[ -f "$CONSTRAINTS" ] || { echo "install: error: $CONSTRAINTS is missing" >&2; exit 1; }
 
 LOG=$(mktemp /tmp/tierfs-install.XXXXXX.log)
 trap 'rm -f "$LOG"' EXIT
@@ -115,13 +119,14 @@ else
   run_logged "$PY" -m venv "$VENV" || die "$PY -m venv $VENV failed"
 fi
 
-if [ ! -f "$STAMP" ] || [ "$ROOT/pyproject.toml" -nt "$STAMP" ]; then
-  step "pip install -e '.[test]' (compiles pyfuse3, ~1 min the first time)"
-  run_logged "$VENV/bin/pip" install --disable-pip-version-check --no-input -e '.[test]' ||
-    die "pip install -e '.[test]' failed"
+if [ ! -f "$STAMP" ] || [ "$ROOT/pyproject.toml" -nt "$STAMP" ] || [ "$CONSTRAINTS" -nt "$STAMP" ]; then
+  step "pip install -e '.[test]' -c constraints.txt (compiles pyfuse3, ~1 min the first time)"
+  run_logged "$VENV/bin/pip" install --disable-pip-version-check --no-input \
+      -c "$CONSTRAINTS" -e '.[test]' ||
+    die "pip install -e '.[test]' -c constraints.txt failed"
   touch "$STAMP"
 else
-  step "python packages up to date (pyproject.toml not newer than $(basename "$STAMP"))"
+  step "python packages up to date (pyproject.toml, constraints.txt not newer than $(basename "$STAMP"))"
 fi
 
 # tierfs-csi (csi/): its own package; building it generates the CSI gRPC stubs from
@@ -131,12 +136,14 @@ CSI_STAMP=$VENV/.tierfs-csi-install-stamp
 csi_stale() {
   [ ! -f "$CSI_STAMP" ] || [ ! -f csi/tierfs_csi/csi_pb2.py ] ||
     [ ! -f csi/tierfs_csi/csi_pb2_grpc.py ] ||
-    [ -n "$(find csi/pyproject.toml csi/setup.py csi/tierfs_csi/csi.proto -newer "$CSI_STAMP")" ]
+    [ -n "$(find csi/pyproject.toml csi/setup.py csi/tierfs_csi/csi.proto constraints.txt \
+            -newer "$CSI_STAMP")" ]
 }
 if csi_stale; then
-  step "pip install -e 'csi/[test]' (tierfs-csi, generates the CSI gRPC stubs)"
-  run_logged "$VENV/bin/pip" install --disable-pip-version-check --no-input -e 'csi/[test]' ||
-    die "pip install -e 'csi/[test]' failed"
+  step "pip install -e 'csi/[test]' -c constraints.txt (tierfs-csi, generates the CSI gRPC stubs)"
+  run_logged "$VENV/bin/pip" install --disable-pip-version-check --no-input \
+      -c "$CONSTRAINTS" -e 'csi/[test]' ||
+    die "pip install -e 'csi/[test]' -c constraints.txt failed"
   touch "$CSI_STAMP"
 else
   step "tierfs-csi and its gRPC stubs up to date"
