@@ -32,6 +32,7 @@ from .fs import FuseOps
 from .health import PROBE_TIMEOUT_S, BackendHealth
 from .meta import start_probe, stop_probes
 from .metrics import Metrics
+from .metricsserve import MetricsServer
 from .mountinfo import Mount as MountEntry
 from .mountinfo import answers, mount_at
 from .runpaths import control_socket
@@ -138,12 +139,10 @@ async def _serve_locked(cfg: MountConfig, cache_dir: str, on_ready: Callable[[],
              "%.0f s, unreachable: %.0f s; see docs/operations.md)", budget.worst,
              budget.hang, budget.unreachable)
     async with build_core(cfg, backend, metrics=metrics) as core:
-        if cfg.metrics_addr:
-            try:
-                metrics.serve(cfg.metrics_addr)
-            except OSError as exc:
-                raise StartupError(f"cannot serve metrics on {cfg.metrics_addr[0]}:"
-                                   f"{cfg.metrics_addr[1]}: {exc.strerror}") from None
+        if cfg.metrics_addr:  # from this trio loop: never a thread per connection
+            metrics_server = MetricsServer(metrics)
+            await metrics_server.bind(cfg.metrics_addr)
+            core.tasks.supervise("metrics-server", metrics_server.serve)
         wb = core.writeback
         control = ControlServer(
             control_socket(cfg.mountpoint), core.warmer, core.cache, metrics,

@@ -7,8 +7,11 @@ Label values are fixed vocabularies (tier, op, source): never keys, paths or sec
 
 from __future__ import annotations
 
+import gzip
+
 from prometheus_client import (CollectorRegistry, Counter, Gauge, Histogram,
-                               disable_created_metrics, start_http_server)
+                               disable_created_metrics)
+from prometheus_client.exposition import choose_encoder
 
 # *_created samples double the scrape size and no dashboard of ours uses them
 disable_created_metrics()
@@ -120,6 +123,11 @@ class Metrics:
         self.peer_bytes = Counter("tierfs_peer_bytes",
                                   "Chunk bytes between peers (direction: in, out)",
                                   ["direction"], registry=r)
+        # the 401 WARNING is rate-limited (tierfs/peers/server.py): what it left out
+        self.peer_unauthorized_unlogged = Counter(
+            "tierfs_peer_unauthorized_unlogged",
+            "Unauthorized peer requests (401) the rate-limited WARNING did not log",
+            registry=r)
         self.peers_up = Gauge("tierfs_peers_up", "Peers this node currently asks for chunks",
                               registry=r)
 
@@ -149,6 +157,16 @@ class Metrics:
         """The current value of one sample (0 if it was never set), e.g. for status."""
         return self.registry.get_sample_value(name, labels) or 0.0
 
-    def serve(self, addr: tuple[str, int]) -> None:
-        """Expose /metrics over HTTP on its own thread (prometheus_client's server)."""
-        start_http_server(addr[1], addr=addr[0], registry=self.registry)
+    def exposition(self, accept: str = "", accept_encoding: str = ""
+                   ) -> tuple[bytes, list[tuple[str, str]]]:
+        """One scrape: the body and its headers, in the format the client's Accept asks
+        for (Prometheus text, or OpenMetrics), gzip'ed if it takes that, as
+        prometheus_client's own server answers. Safe in a worker thread. The HTTP side is
+        tierfs/metricsserve.py."""
+        encoder, content_type = choose_encoder(accept)
+        body = encoder(self.registry)
+        headers = [("content-type", content_type)]
+        if "gzip" in accept_encoding.lower():
+            body = gzip.compress(body, compresslevel=1)
+            headers.append(("content-encoding", "gzip"))
+        return body, headers

@@ -1,4 +1,5 @@
-"""The little HTTP/1.1 peers speak, over a trio stream (TCP, or TLS around it).
+"""The little HTTP/1.1 peers speak, over a trio stream (TCP, or TLS around it); the
+metrics endpoint (tierfs/metricsserve.py) serves its scrapes with the same server side.
 
 The only module importing h11, which parses and frames heads; every h11, socket and TLS
 exception leaves here as a PeerError. Server side: one request head at a time (bounded;
@@ -11,7 +12,7 @@ events would copy it twice more.
 from __future__ import annotations
 
 import ssl
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Awaitable, Callable
 
 import h11
@@ -35,6 +36,8 @@ class RequestHead:
     target: str
     authorization: str | None
     has_body: bool  # a content-length other than 0 or a transfer-encoding
+    # lower-case names; a repeated header keeps its last value
+    headers: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -111,7 +114,7 @@ class ServerConnection:
                     if not isinstance(end, h11.EndOfMessage):
                         raise PeerProtocolError("no end of the request")
                 return RequestHead(_text(event.method), _text(event.target),
-                                   headers.get("authorization"), has_body)
+                                   headers.get("authorization"), has_body, headers)
             raise PeerProtocolError(f"unexpected {type(event).__name__}")
 
     @property
