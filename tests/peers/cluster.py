@@ -248,11 +248,12 @@ class Cluster:
     peer_args     peer options added with peers=True (default: a 2 s --peer-timeout as the
                   daemon's default would be; tests of deadlines pass a short one)
     extra_peers   more `HOST:PORT` lines for the peers file (fake peers run by the test)
+    prefix        mount s3://BUCKET/PREFIX instead of the whole bucket
     """
 
     def __init__(self, rgw, bucket: str, root: Path, n: int, *, extra_args=(),
                  peers: bool = True, peer_args=(), extra_peers=(), secret: bytes | None = None,
-                 start: bool = True) -> None:
+                 start: bool = True, prefix: str = "") -> None:
         self.rgw = rgw
         self.bucket = bucket
         self.root = Path(root)
@@ -269,7 +270,7 @@ class Cluster:
                 args += ["--peers", f"file:{self.peers_file}",
                          "--peer-listen", f"127.0.0.1:{port}",
                          "--peer-secret-file", str(self.secret_file), *map(str, peer_args)]
-            m = Mount(rgw, f"s3://{bucket}", self.root / f"mnt{i}", self.root / f"cache{i}",
+            m = Mount(rgw, f"s3://{bucket}/{prefix}", self.root / f"mnt{i}", self.root / f"cache{i}",
                       args, start=False, timeout=60.0)
             self.nodes.append(Node(i, m, port))
         self.write_peers([n.addr for n in self.nodes] + list(extra_peers))

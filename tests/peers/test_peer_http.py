@@ -237,21 +237,103 @@ async def test_a_head_that_does_not_come_in_time_is_closed():
         assert server.connections == 0
 
 
-async def test_connections_beyond_the_limit_are_closed_at_once():
-    async with serving(Store(), max_connections=2) as (server, peer):
-        idle = [await trio.open_tcp_stream(peer.host, peer.port) for _ in range(2)]
+async def closed_by_server(stream: trio.SocketStream) -> bool:
+    """The server closed this connection (end of stream or a reset), without a byte."""
+    try:
         with trio.fail_after(BIG):
-            while server.connections < 2:
-                await trio.sleep(0.01)
-        assert await raw_exchange(peer, b"GET / HTTP/1.1\r\n\r\n") == b""
-        await idle.pop().aclose()
-        with trio.fail_after(BIG):
-            while server.connections > 1:
-                await trio.sleep(0.01)
+            return await stream.receive_some(1) == b""
+    except trio.BrokenResourceError:
+        return True
+
+
+async def idle_connections(peer: Peer, n: int, sources: list[str]) -> list[trio.SocketStream]:
+    """n connections that never send a byte, from the given 127.x source addresses in
+    turn (an attacker without the secret: issue 26, S4)."""
+    out = []
+    for i in range(n):
+        out.append(await trio.open_tcp_stream(peer.host, peer.port,
+                                              local_address=sources[i % len(sources)]))
+    return out
+
+
+async def until(predicate: Callable[[], bool]) -> None:
+    with trio.fail_after(BIG):
+        while not predicate():
+            await trio.sleep(0.01)
+
+
+async def test_idle_connections_of_one_source_displace_only_each_other():
+    # S4: one address holds at most per_source_unproven connections without a signed
+    # request; its 50 idle ones leave the server 3, the oldest closed; an honest
+    # peer from the same address still gets its chunk
+    async with serving(Store(), per_source_unproven=3) as (server, peer):
+        idle = await idle_connections(peer, 50, ["127.0.0.1"])
+        await until(lambda: server.connections == 3)
+        assert all([await closed_by_server(s) for s in idle[:47]])
         c = client()
         assert bytes((await c.fetch(peer, request(0), timeout_s=BIG)).data) == OBJ[:CS]
         await c.aclose()
-        await idle.pop().aclose()
+        for s in idle:
+            await s.aclose()
+
+
+async def test_a_share_of_connections_is_kept_for_peers_that_sign():
+    # S4: 40 idle connections from 20 addresses fill the unproven share (max 8 - 4 kept);
+    # 3 proven connections stay open whatever comes after, and a new honest connection
+    # takes the place of the oldest unproven one, never of a proven one
+    async with serving(Store(), max_connections=8, kept_for_peers=4,
+                       per_source_unproven=2) as (server, peer):
+        clients = [client() for _ in range(3)]
+        for c in clients:  # each keeps its connection (keep-alive): proven
+            assert bytes((await c.fetch(peer, request(1), timeout_s=BIG)).data) \
+                == OBJ[CS:2 * CS]
+        sources = [f"127.0.0.{i}" for i in range(2, 22)]
+        idle = await idle_connections(peer, 40, sources)
+        await until(lambda: server.connections == 3 + 4)
+        for c in clients:  # still on their first connection
+            assert bytes((await c.fetch(peer, request(0), timeout_s=BIG)).data) == OBJ[:CS]
+            assert c.connects == 1
+        fresh = client()
+        assert bytes((await fresh.fetch(peer, request(2), timeout_s=BIG)).data) == OBJ[2 * CS:]
+        more = await idle_connections(peer, 40, sources)  # the fresh one is proven now
+        await until(lambda: server.connections == 4 + 4)
+        assert bytes((await fresh.fetch(peer, request(0), timeout_s=BIG)).data) == OBJ[:CS]
+        assert fresh.connects == 1
+        # every place is proven: a ninth connection is closed at once
+        full = [client() for _ in range(4)]
+        for c in full:
+            await c.fetch(peer, request(0), timeout_s=BIG)
+        assert server.connections == 8
+        [late] = await idle_connections(peer, 1, ["127.0.0.99"])
+        assert await closed_by_server(late)
+        for c in clients + full + [fresh]:
+            await c.aclose()
+        for s in idle + more + [late]:
+            await s.aclose()
+
+
+async def test_the_401_warning_is_limited_over_all_addresses(caplog):
+    # S5: 300 unsigned requests from 30 addresses: 10 WARNING lines a minute in all, the
+    # other 290 counted; the next line (a minute later) says how many were left out
+    caplog.set_level(logging.WARNING, logger="tierfs.peers.server")
+    sm = Metrics()
+    async with serving(Store(), metrics=sm) as (server, peer):
+        for i in range(300):
+            stream = await trio.open_tcp_stream(peer.host, peer.port,
+                                                local_address=f"127.0.1.{i % 30 + 1}")
+            await stream.send_all(b"GET /v1/chunk HTTP/1.1\r\nhost: x\r\n\r\n")
+            with trio.fail_after(BIG):
+                assert (await stream.receive_some(12)).startswith(b"HTTP/1.1 401")
+            await stream.aclose()
+        lines = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+        assert len(lines) == 10, lines
+        assert count(sm, "server", "unauthorized") == 300
+        assert sm.value("tierfs_peer_unauthorized_unlogged_total") == 290
+        server._warn_times.clear()  # a minute later
+        server._warned.clear()
+        assert await raw_exchange(peer, b"GET / HTTP/1.1\r\nhost: x\r\n\r\n") != b""
+    lines = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(lines) == 11 and "290 more refused since the last such line" in lines[-1]
 
 
 async def test_a_malformed_target_is_400_after_auth():

@@ -7,6 +7,17 @@ the concurrency limit (503 at once beyond max_concurrent: a hot node answers "bu
 instead of queueing readers who will give up anyway), then the injected `serve` callback
 (the core: memory/disk tier or one store fetch), whose PeerRefused becomes the status.
 Bodies are paced by one token bucket over all clients (`bandwidth`, bytes/s).
+
+Connections: at most max_connections. One that has not yet sent a signed request is
+"unproven": a source address holds at most PER_SOURCE_UNPROVEN of those, and all sources
+together at most max_connections - KEPT_FOR_PEERS, so peers that signed a request always
+have that share. A new connection past either bound takes the place of the oldest unproven
+one in it (closed), never of a proven one: idle or slow connections without the secret can
+delay an honest peer's new connection by the time it takes to send its head, not refuse it.
+
+The 401 WARNING is rate-limited per source address and over all of them (a flood from many
+addresses is a few lines); what it leaves out is counted in
+tierfs_peer_unauthorized_unlogged_total and summed up in the next line.
 """
 
 from __future__ import annotations
@@ -15,6 +26,8 @@ import logging
 import math
 import ssl
 import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
 from typing import Awaitable, Callable
 
 import trio
@@ -30,9 +43,12 @@ log = logging.getLogger(__name__)
 Serve = Callable[[ChunkRequest], Awaitable[ChunkReply]]  # raises PeerRefused(status) to refuse
 
 _WARN_EVERY_S = 60.0  # one 401 warning per remote address per minute
+_WARN_MAX = 10  # and at most this many 401 warnings a minute over all addresses
 _WARNED_MAX = 4096  # addresses remembered for that; beyond, the oldest are forgotten
 _LINGER_S = 1.0  # how long a closing connection's unread request bytes are drained
 _MAX_CONNECTIONS = 256  # per node: a connection costs a task and buffers before auth
+PER_SOURCE_UNPROVEN = 8  # connections of one address that have not signed a request yet
+KEPT_FOR_PEERS = 64  # of max_connections, never taken by unproven connections
 
 
 class TokenBucket:
@@ -69,12 +85,49 @@ class TokenBucket:
             await trio.sleep(wait)
 
 
+@dataclass(eq=False)
+class _Conn:
+    remote: str
+    scope: trio.CancelScope = field(default_factory=trio.CancelScope)
+    proven: bool = False  # sent a request signed with the secret
+    open: bool = True  # counted in PeerServer.connections
+
+
+class _Unproven:
+    """Connections that have not signed a request yet, oldest first, per source address
+    and in all."""
+
+    def __init__(self) -> None:
+        self.all: OrderedDict[_Conn, None] = OrderedDict()
+        self.by_source: dict[str, OrderedDict[_Conn, None]] = {}
+
+    def add(self, conn: _Conn) -> None:
+        self.all[conn] = None
+        self.by_source.setdefault(conn.remote, OrderedDict())[conn] = None
+
+    def discard(self, conn: _Conn) -> None:
+        if conn in self.all:
+            del self.all[conn]
+            mine = self.by_source[conn.remote]
+            del mine[conn]
+            if not mine:
+                del self.by_source[conn.remote]
+
+    def of(self, remote: str) -> int:
+        return len(self.by_source.get(remote, ()))
+
+    def oldest(self, remote: str | None = None) -> _Conn:
+        return next(iter(self.all if remote is None else self.by_source[remote]))
+
+
 class PeerServer:
     def __init__(self, listen: tuple[str, int], secret: bytes, serve: Serve, metrics: Metrics,
                  *, ssl_context: ssl.SSLContext | None = None, max_concurrent: int = 32,
                  bandwidth: int | None = None, header_timeout_s: float = 10.0,
                  clock: Callable[[], float] = time.time,
-                 max_connections: int = _MAX_CONNECTIONS) -> None:
+                 max_connections: int = _MAX_CONNECTIONS,
+                 kept_for_peers: int = KEPT_FOR_PEERS,
+                 per_source_unproven: int = PER_SOURCE_UNPROVEN) -> None:
         if not secret:
             raise ValueError("an empty peer secret")
         self.listen = listen
@@ -91,7 +144,12 @@ class PeerServer:
                                  if bandwidth else None)
         self.active = 0  # requests being served (serve callback and body)
         self.connections = 0
+        self.max_unproven = max(1, max_connections - kept_for_peers)
+        self.per_source_unproven = per_source_unproven
+        self._unproven = _Unproven()
         self._warned: dict[str, float] = {}
+        self._warn_times: list[float] = []  # the global 401 warnings of the last minute
+        self._unlogged = 0  # 401s not logged since the last warning
 
     def __repr__(self) -> str:  # never the secret
         return f"PeerServer(listen={self.listen!r})"
@@ -110,37 +168,66 @@ class PeerServer:
             nursery.start_soon(trio.serve_listeners, self._connection, listeners)
             task_status.started((bound[0], bound[1]))
 
+    def _admit(self, remote: str) -> _Conn | None:
+        """Count a new connection in, closing the oldest unproven one it displaces; None
+        when every place is held by proven connections."""
+        unproven = self._unproven
+        if unproven.of(remote) >= self.per_source_unproven:
+            self._close(unproven.oldest(remote))
+        elif len(unproven.all) >= self.max_unproven or self.connections >= self.max_connections:
+            if not unproven.all:
+                return None
+            self._close(unproven.oldest())
+        conn = _Conn(remote)
+        unproven.add(conn)
+        self.connections += 1
+        return conn
+
+    def _close(self, conn: _Conn) -> None:
+        """Give up a connection's place now (its task closes the socket when it runs)."""
+        if conn.open:
+            conn.open = False
+            self.connections -= 1
+            self._unproven.discard(conn)
+            conn.scope.cancel()
+
+    def _proven(self, conn: _Conn) -> None:
+        if not conn.proven:
+            conn.proven = True
+            self._unproven.discard(conn)
+
     async def _connection(self, stream: trio.SocketStream) -> None:
         try:
             remote = str(stream.socket.getpeername()[0])
         except OSError:
             remote = "?"
-        if self.connections >= self.max_connections:
+        place = self._admit(remote)
+        if place is None:
             await trio.aclose_forcefully(stream)
             return
-        self.connections += 1
         try:
-            conn: trio.abc.Stream = stream
-            if self.ssl_context is not None:
-                with trio.move_on_after(self.header_timeout_s):
-                    conn = await tls_server_stream(stream, self.ssl_context)
-                if conn is stream:
-                    return
-            http = ServerConnection(conn)
-            while True:
-                head = await self._read_head(http)
-                if head is None:
-                    return
-                if not await self._answer(http, head, remote):
-                    await http.linger_close(_LINGER_S)
-                    return
+            with place.scope:
+                conn: trio.abc.Stream = stream
+                if self.ssl_context is not None:
+                    with trio.move_on_after(self.header_timeout_s):
+                        conn = await tls_server_stream(stream, self.ssl_context)
+                    if conn is stream:
+                        return
+                http = ServerConnection(conn)
+                while True:
+                    head = await self._read_head(http)
+                    if head is None:
+                        return
+                    if not await self._answer(http, head, place):
+                        await http.linger_close(_LINGER_S)
+                        return
         except PeerError:
             pass  # the connection broke or the client stopped reading: nothing to answer
         except Exception:  # a bug: it ends this connection, not the server and the others
             log.exception("peer server: a connection from %s failed", remote)
             self.metrics.internal_errors.labels(task="peer-server").inc()
         finally:
-            self.connections -= 1
+            self._close(place)
             await trio.aclose_forcefully(stream)
 
     async def _read_head(self, http: ServerConnection) -> RequestHead | None:
@@ -157,15 +244,16 @@ class PeerServer:
                     await http.linger_close(_LINGER_S)
         return None
 
-    async def _answer(self, http: ServerConnection, head: RequestHead, remote: str) -> bool:
+    async def _answer(self, http: ServerConnection, head: RequestHead, place: _Conn) -> bool:
         """Answer one request; True if the connection may take another."""
         try:
             wire.verify_request(self._secret, head.method, head.target, head.authorization,
                                 self.clock())
         except PeerAuthError as exc:
             self._count("unauthorized")
-            self._warn(remote, str(exc))
+            self._warn(place.remote, str(exc))
             return await http.respond(wire.UNAUTHORIZED, [], keep_alive=False)
+        self._proven(place)
         if head.method != "GET":
             self._count("bad_request")
             return await http.respond(wire.METHOD_NOT_ALLOWED, [("allow", "GET")],
@@ -232,14 +320,23 @@ class PeerServer:
         self.metrics.peer_requests.labels(role="server", result=result).inc()
 
     def _warn(self, remote: str, reason: str) -> None:
-        """One WARNING per remote address per minute: a misconfigured node is seen, a
-        flood of bad requests does not flood the log."""
+        """One WARNING per remote address per minute and _WARN_MAX a minute in all: a
+        misconfigured node is seen, a flood of bad requests from however many addresses
+        does not flood the log. What is left out is counted, and told in the next line."""
         now = time.monotonic()
-        if now - self._warned.get(remote, -_WARN_EVERY_S) < _WARN_EVERY_S:
+        self._warn_times = [t for t in self._warn_times if now - t < _WARN_EVERY_S]
+        if (now - self._warned.get(remote, -_WARN_EVERY_S) < _WARN_EVERY_S
+                or len(self._warn_times) >= _WARN_MAX):
+            self._unlogged += 1
+            self.metrics.peer_unauthorized_unlogged.inc()
             return
         if len(self._warned) >= _WARNED_MAX:
             for addr in sorted(self._warned, key=self._warned.__getitem__)[:_WARNED_MAX // 2]:
                 del self._warned[addr]
         self._warned[remote] = now
+        self._warn_times.append(now)
+        more = (f"; {self._unlogged} more refused since the last such line, not logged"
+                if self._unlogged else "")
+        self._unlogged = 0
         log.warning("peer server: refused a request from %s: %s (same secret on every "
-                    "node? clocks in step?)", remote, reason)
+                    "node? clocks in step?)%s", remote, reason, more)
