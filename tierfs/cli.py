@@ -30,6 +30,7 @@ from .config import (FLAG_OPTIONS, MountConfig, build_config, build_config_with_
                      parse_o_options, printable, read_config_file)
 from .cachedir import private_umask
 from .errors import StartupError, TierfsError, UsageError
+from .hardening import protect_process
 from .mountinfo import is_mountpoint
 from .runpaths import pid_file
 
@@ -263,6 +264,7 @@ def _mount(args: argparse.Namespace) -> None:
     # --ready-fd: a daemon started by an older `tierfs mount` (re-exec) or by hand
     ready_fd = args.ready_fd if args.foreground else _spawn_background(cfg)
     _report_fatal_errors(_setup_logging(cfg, background=ready_fd is not None))
+    protect_process()  # no core dumps, not dumpable, cwd / (tierfs/hardening.py)
     import trio
 
     from .daemon import serve

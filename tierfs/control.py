@@ -25,12 +25,13 @@ import os
 import socket
 import stat
 import struct
+import tempfile
 import time
 from typing import TYPE_CHECKING, Any, Callable
 
 import trio
 
-from . import protocol
+from . import protocol, runpaths
 from .cache import ChunkCache
 from .capacity import CapacityHistory, forecast
 from .errors import StartupError, TierfsError, UsageError
@@ -294,21 +295,49 @@ _OPS: dict[type[Request], Callable[..., Any]] = {
     JobFilesRequest: ControlServer.job_files, PodRequest: ControlServer.pod}
 
 
-def prepare_socket_dir(path: str) -> None:
+def prepare_socket_dir(path: str) -> str:
     """Make the socket's directory ours and private; before the mount exists, so a
-    problem is one start-up error. A directory someone else owns (a /tmp fallback
-    another user created first) is refused, never used."""
+    problem is one start-up error. Returns the directory used.
+
+    A directory someone else owns is never used. The /tmp fallback's fixed name
+    (tierfs/runpaths.py), which any user can take first, is then left where it is (in
+    sticky /tmp only its owner or root can move it) and a dir of our own is made beside
+    it, with one WARNING; anywhere else it is refused."""
     run_dir = os.path.dirname(path)
+    uid = os.getuid()
     try:
-        os.makedirs(run_dir, mode=0o700, exist_ok=True)
+        made = _make_dir(run_dir)
         st = os.lstat(run_dir)
-        if st.st_uid != os.getuid() or not stat.S_ISDIR(st.st_mode):
-            raise StartupError(f"{run_dir} (for the control socket) belongs to uid "
-                               f"{st.st_uid}, not to this user: remove it")
+        if st.st_uid != uid or not stat.S_ISDIR(st.st_mode):
+            if run_dir != runpaths.tmp_dir(uid):
+                raise StartupError(f"{run_dir} (for the control socket) belongs to uid "
+                                   f"{st.st_uid}, not to this user: remove it")
+            squatted, run_dir = run_dir, tempfile.mkdtemp(prefix=f"tierfs-{uid}.",
+                                                         dir=runpaths.TMP)
+            made = True
+            log.warning("%s is not this user's (%s of uid %d; another user made it first?): "
+                        "the control socket is in %s instead; root can remove %s",
+                        squatted, "a directory" if stat.S_ISDIR(st.st_mode) else "a file",
+                        st.st_uid, run_dir, squatted)
+        if made and os.geteuid() != uid:
+            # a daemon started as root with a user's real uid (setpriv --ruid) mounts for
+            # that user (user_id= in mountinfo): its dir is that user's, where clients look
+            os.chown(run_dir, uid, os.getgid())
         os.chmod(run_dir, 0o700)
     except OSError as exc:
         raise StartupError(f"cannot create {run_dir} for the control socket: "
                            f"{exc.strerror}") from None
+    return run_dir
+
+
+def _make_dir(path: str) -> bool:
+    """mkdir -p path (0700); True if path itself was made now."""
+    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        return False
+    return True
 
 
 async def _read_line(stream: trio.SocketStream) -> bytes:
