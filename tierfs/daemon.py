@@ -175,15 +175,35 @@ async def _serve_locked(cfg: MountConfig, cache_dir: str, on_ready: Callable[[],
                 sdnotify.notify("STOPPING=1", f"STATUS=stopping: uploading pending files "
                                 f"(up to {cfg.drain_timeout:g}s)",
                                 sdnotify.extend_timeout(stop_bound(cfg)))
-                if not await wb.drain(cfg.drain_timeout):
-                    log.warning("unsaved files remain; they are journaled and will be "
-                                "uploaded at the next mount of this cache dir")
+                await _drain(wb, cfg.drain_timeout)
                 nursery.cancel_scope.cancel()
         finally:
             if mounted:
                 pyfuse3.close(unmount=True)
                 log.info("unmounted %s: %s", cfg.mountpoint, why)
         core.cancel()
+        stopping = trio.current_time()
+    # U3 of issue 26: an unmount that waited half a minute said nothing; say what it took
+    log.info("stopped: background tasks ended, index and usage flushed in %.1fs",
+             trio.current_time() - stopping)
+
+
+async def _drain(wb, timeout_s: float) -> None:
+    """The unmount's wait for pending uploads, said in the log: how many it waits for
+    (none: no wait at all), how long it took, what is left."""
+    pending = wb.pending()
+    if not pending:
+        log.info("unmount: no pending uploads, nothing to wait for")
+        return
+    log.info("unmount: waiting up to %gs for %d pending uploads", timeout_s, pending)
+    started = trio.current_time()
+    if await wb.drain(timeout_s):
+        log.info("unmount: %d pending uploads done in %.1fs", pending,
+                 trio.current_time() - started)
+    else:
+        log.warning("unsaved files remain (%d of %d after %.1fs); they are journaled and "
+                    "will be uploaded at the next mount of this cache dir", wb.pending(),
+                    pending, trio.current_time() - started)
 
 
 def _probe_check(cfg: MountConfig) -> Callable[[], None]:
