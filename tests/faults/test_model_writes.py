@@ -277,7 +277,8 @@ class Machine(RuleBasedStateMachine):
     def drain(self) -> None:
         """Wait until A uploaded everything (the store answers, nothing held); then the
         bucket's names are what A shows, except files open for writing."""
-        modelkit.drain(self.c.a, fkit.BUCKET_LAG)
+        writing = {id(h.file) for h in self.a_handles(write=True)}
+        modelkit.drain(self.c.a, fkit.BUCKET_LAG, len(writing))
         for n in TOP:
             f = self.ns.get(n)
             if f is not None and f.writers:
