@@ -31,7 +31,7 @@ TIERFS_MODEL_SEED replays it), about 3-4 minutes for both modes. Longer runs: TI
 per sequence, default 15), e.g.
     TIERFS_MODEL_EXAMPLES=200 .venv/bin/python -m pytest tests/faults/test_model_writes.py
 TIERFS_MODEL_SKIP=rule1,rule2 leaves rules out, to look past a known failure;
-TIERFS_MODEL_SHRINK_SECONDS bounds shrinking (hypothesis: 300 s). Shrinking is on: a
+TIERFS_MODEL_SHRINK_SECONDS bounds shrinking (default 120 s; hypothesis: 300). Shrinking is on: a
 failure prints the shortest sequence hypothesis found (the steps, then
 the model's trace of what each call returned).
 """
@@ -979,9 +979,9 @@ class Context:
 
 
 def _shrink_limit() -> None:
-    """TIERFS_MODEL_SHRINK_SECONDS: stop shrinking sooner than hypothesis's 300 s (each
+    """TIERFS_MODEL_SHRINK_SECONDS (120): stop shrinking sooner than hypothesis's 300 s (each
     shrink step here is a sequence on a real mount, seconds long)."""
-    limit = os.environ.get("TIERFS_MODEL_SHRINK_SECONDS")
+    limit = os.environ.get("TIERFS_MODEL_SHRINK_SECONDS", "120")
     if limit:
         from hypothesis.internal.conjecture import engine
 
