@@ -379,8 +379,20 @@ class FileIO:
             await self.wb.commit(d)  # type: ignore[union-attr]
 
     def size_of(self, node: Inode) -> int:
+        """The size the kernel is told. The kernel keeps one size per inode and stops a
+        read through the page cache at it, so while a handle of an older version reads
+        through the pages (pagecache.py) the size is that version's: a smaller new version
+        would otherwise cut the old handle's reads short. Handles of the new version are
+        direct and read past it; the next open after the old handles close asks again."""
         d = self.wb.get(node.ino) if self.wb is not None else None
-        return d.size if d is not None else node.size
+        if d is not None:
+            return d.size
+        paged = self.pages.paged_version(node.ino)
+        if paged is not None and paged != node.etag:
+            for h in self._handles.values():
+                if h.node.ino == node.ino and h.obj.etag == paged and not h.direct:
+                    return h.obj.size
+        return node.size
 
     def attrs_of(self, node: Inode) -> Attrs:
         """A node's attributes, with the time of unsaved data changes."""

@@ -48,6 +48,14 @@ class PageCache:
         cached[fh] = version
         return keep, False
 
+    def paged_version(self, ino: int) -> str | None:
+        """The version the handles reading through the pages read, if any is open (they
+        all read one: a handle of another opens direct)."""
+        cached = self._cached.get(ino)
+        if not cached:
+            return None
+        return next((v for v in cached.values() if v != UNSAVED), None)
+
     def holds(self, ino: int, version: str) -> bool:
         """Whether the pages hold bytes of `version`: the kernel may answer a handle of it
         from them without asking us."""

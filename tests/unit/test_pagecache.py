@@ -72,3 +72,13 @@ def test_a_rename_relabels_only_the_version_it_copied():
     pc.close(INO, 1)
     pc.close(INO, 2)
     assert pc.open(INO, 3, "v0-copy") == (False, False)
+
+
+def test_the_paged_version_is_the_one_the_cached_handles_read():
+    pc = PageCache()
+    assert pc.paged_version(INO) is None
+    pc.open(INO, 1, "v0")
+    pc.open(INO, 2, "v1")  # direct: it does not read through the pages
+    assert pc.paged_version(INO) == "v0"  # the kernel's size must stay v0's (FileIO.size_of)
+    pc.close(INO, 1)
+    assert pc.paged_version(INO) is None
