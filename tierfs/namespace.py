@@ -150,10 +150,10 @@ class Namespace:
         d = self._dir(ino)
         listed_at = self.meta.dir_listed_at(ino)
         if self._fresh(listed_at):
-            return self.meta.children(ino)
+            return self._children(ino)
         if listed_at is None:  # never listed: nothing to serve, wait for the store
             await self._relist(d)
-            return self.meta.children(ino)
+            return self._children(ino)
         try:
             await self._revalidations.within(("list", ino), lambda: self._relist(d))
         except Late:
@@ -162,7 +162,20 @@ class Namespace:
             if not _no_answer(exc):
                 raise
             self._serving_stale(ino, exc)
-        return self.meta.children(ino)
+        return self._children(ino)
+
+    def _children(self, ino: int) -> list[tuple[bytes, Inode]]:
+        return [(name, node) for name, node in self.meta.children(ino)
+                if not self._ghost(parent=ino, name=name, node=node)]
+
+    def _ghost(self, *, parent: int, name: bytes, node: Inode) -> bool:
+        """A file created here whose name never reached the store and that has no unsaved
+        writes any more: it was open when the daemon died (never acknowledged: recovery
+        dropped its data), so its name goes too. Forgotten as it is met."""
+        if node.kind != FILE or node.etag or self._local(node.ino):
+            return False
+        self.meta.remove(parent, name)
+        return True
 
     def _late(self) -> str:
         return f"no answer within --revalidate-timeout {self._revalidations.timeout_s:g}s"
@@ -332,12 +345,13 @@ class Namespace:
         self._check_length(d, name)
         if sname in ("", ".", "..") or "/" in sname:
             raise NotFound(f"{sname!r}")
+        node = self.meta.child(parent, name)
+        if node is not None and self._ghost(parent=parent, name=name, node=node):
+            node = None
         if self._fresh(self.meta.dir_listed_at(parent)):
-            node = self.meta.child(parent, name)
             if node is None:
                 raise NotFound(f"{d.key}{sname}")
             return node
-        node = self.meta.child(parent, name)
         if node is not None and (self._fresh(node.validated_at) or self._local(node.ino)):
             return node
         if (parent, name) in self._negative:
