@@ -66,6 +66,7 @@ class Namespace:
         self.meta = meta
         # past this, a revalidation of a known entry serves it and goes on in the background
         self._revalidations = Revalidations(tasks, revalidate_timeout_s)
+        self._started = clock()  # entries validated before were seen by an earlier daemon
         # LIST and HEAD requests per prefix (metadata pressure, `tierfs report`)
         self.analytics = analytics or Analytics(meta, root_prefix=root_prefix)
         # objects up to this size (directory markers included) get one HEAD per version
@@ -169,10 +170,13 @@ class Namespace:
                 if not self._ghost(parent=ino, name=name, node=node)]
 
     def _ghost(self, *, parent: int, name: bytes, node: Inode) -> bool:
-        """A file created here whose name never reached the store and that has no unsaved
-        writes any more: it was open when the daemon died (never acknowledged: recovery
-        dropped its data), so its name goes too. Forgotten as it is met."""
-        if node.kind != FILE or node.etag or self._local(node.ino):
+        """A file an earlier daemon created whose name never reached the store and that
+        has no unsaved writes: it was open when that daemon died (never acknowledged:
+        recovery dropped its data), so its name goes too. Forgotten as it is met. (A file
+        of this daemon whose failed writes were dropped keeps its name until the next
+        listing, as a created file does.)"""
+        if (node.kind != FILE or node.etag or node.validated_at >= self._started
+                or self._local(node.ino)):
             return False
         self.meta.remove(parent, name)
         return True
