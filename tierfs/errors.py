@@ -134,7 +134,7 @@ class StaleObject(TierfsError):
 class BaseChanged(StaleObject):
     """A file written here over an object's version (a partial write) cannot be saved as
     written: the store no longer has that version and this node does not hold all of its
-    bytes, so the untouched parts cannot be copied nor sent (writeback.py)."""
+    bytes, so the untouched parts cannot be copied nor sent (writeback/staging.py)."""
 
 
 class CacheCorrupt(TierfsError):

@@ -2,9 +2,11 @@
 
 A read-only handle is bound to one object version (key + ETag) when opened. Every read
 is served from that version only: chunk keys carry the ETag and ranged GETs carry
-If-Match, so one read never mixes bytes of two versions. If the object changed before
+If-Match, so one read never mixes bytes of two versions. The kernel's page cache is shared
+by an inode's handles: pagecache.py keeps it to one version (newer versions' handles go
+direct while older ones read through it). If the object changed before
 the handle served anything, the handle moves to the new version; after that, reads fail
-with ESTALE. A file with unsaved writes is read from its DirtyFile (writeback.py) by
+with ESTALE. A file with unsaved writes is read from its DirtyFile (writeback/) by
 every handle, so readers on this node see what writers wrote.
 
 Operations that touch both the namespace and unsaved data (unlink, rename, truncate,
@@ -209,13 +211,12 @@ class FileIO:
         if h.read_unsaved or self.pages.newest(ino) == UNSAVED:
             self._uploaded(ino)
         newest = self.pages.newest(ino)
-        if newest is not None and newest != h.obj.etag:
-            # an old version: its short read at its EOF makes the kernel shrink the size
-            self.pages.forget(ino)
-            if not h.served:  # nothing of the old version served yet: move to the newest
-                node = self.ns.inode(ino)
-                if node.etag == newest and self.pages.may_move(ino, fh, newest):
-                    h.node, h.obj = node, self._version(node)
+        if newest is not None and newest != h.obj.etag and not h.served:
+            # nothing of the old version served yet: move to the newest, where its reads
+            # cannot meet pages of another version (pagecache.py)
+            node = self.ns.inode(ino)
+            if node.etag == newest and self.pages.may_move(ino, fh, newest):
+                h.node, h.obj = node, self._version(node)
         try:
             data = await self._read(h, offset, size)
         except PreconditionFailed:
@@ -468,7 +469,7 @@ class FileIO:
         """Hold still the unsaved files among these nodes while the caller changes their
         names on the store: those in `commit` are uploaded first and copied as uploaded,
         those in `supersede` have their pending uploads superseded if the caller succeeds
-        and kept as they were if it fails (writeback.py: WriteBack.superseding). Taken in
+        and kept as they were if it fails (WriteBack.superseding). Taken in
         inode order, so two renames in opposite directions cannot wait on each other."""
         wb = self.wb
         held: dict[int, tuple[DirtyFile, bool]] = {}
