@@ -268,3 +268,27 @@ async def test_a_lost_create_answer_is_found_and_aborted_without_a_remount(tmp_p
         assert stored(inner, "lost.bin") == data
         await r.wait_for(lambda: not inner.mpu_list("lost.bin") and not r.meta.uploads())
         assert fb.calls["mpu_list"] >= 3 and fb.calls["mpu_create"] == 2
+
+
+@pytest.mark.parametrize("writeback", [False, True], ids=["default", "writeback"])
+async def test_a_partial_write_over_a_replaced_base_fails_before_success(tmp_path, writeback):
+    """Issue 25 item 4: a partial write into a version another client has replaced, whose
+    untouched bytes this node does not hold, fails with ESTALE at close (BaseChanged) and
+    is dropped: never "success, then dropped", never retried for ever; the store keeps
+    the other client's object."""
+    from tierfs.errors import BaseChanged
+
+    fb, inner = file_backend(tmp_path)
+    old, theirs = payload("base", BIG), payload("theirs", BIG)
+    inner.put("f.bin", old)
+    base = inner.head("f.bin")
+    async with wb_rig(tmp_path, fb, writeback=writeback) as r:
+        d = await r.open(2, "f.bin", ObjectVersion("bucket", "f.bin", base.etag, base.size))
+        await r.wb.write(d, 0, b"patch")  # chunk 0 read from the base, the rest untouched
+        inner.put("f.bin", theirs)  # replaced before the upload; its old bytes are gone
+        with pytest.raises(BaseChanged) as failed:
+            await r.wb.flush(d)
+        assert failed.value.errno == errno.ESTALE
+        assert await r.wb.release(d)  # its changes dropped (logged), not queued
+        await r.settled()
+        assert stored(inner, "f.bin") == theirs
