@@ -100,6 +100,8 @@ class FileIO:
         # which version the kernel's pages of each file hold, and which handles go
         # around them: two versions' bytes never meet in one read
         self.pages = PageCache()
+        if writeback is not None:
+            writeback.on_saved = self._saved
         self.usage = usage
         self.callers = callers
         self.tenant_of = tenant_of
@@ -233,10 +235,24 @@ class FileIO:
         self.pages.served(ino, fh, h.obj.etag)
         return data
 
+    def _saved(self, ino: int, version: ObjectVersion) -> None:
+        """The write-back let go of `ino`, saved as `version`: the handles that read its
+        unsaved bytes, and the pages holding them, hold that version (on one node a
+        reader sees what writers wrote, as POSIX says). Done at once: a later lookup may
+        find another client's newer version under the name, which those bytes are not."""
+        try:
+            node = self.ns.inode(ino)
+        except NotFound:  # unlinked meanwhile: its handles read what they read
+            return
+        for h in self._handles.values():
+            if h.node.ino == ino and h.read_unsaved:
+                h.node, h.obj, h.read_unsaved = node, version, False
+        self.pages.relabel(ino, version.etag, UNSAVED)
+
     def _uploaded(self, ino: int) -> None:
-        """The unsaved data this node's handles of `ino` read was uploaded: the version
-        now in the index holds exactly those bytes, so every handle moves to it (on one
-        node a reader sees what writers wrote, as POSIX says)."""
+        """The unsaved data this node's handles of `ino` read is gone without a saved
+        version (_saved moves them when there is one): they move to the version in the
+        index."""
         try:
             node = self.ns.inode(ino)
         except NotFound:  # unlinked meanwhile: its handles read what they read
@@ -341,6 +357,8 @@ class FileIO:
             raise FileTooBig(f"{h.node.key!r} would pass 5 TiB, S3's largest object")
         h.wrote = True
         n = await self.wb.write(h.dirty, offset, data)  # type: ignore[union-attr]
+        self.pages.written(h.node.ino)
+        self.pages.written(h.node.ino)
         mode = h.node.attrs.mode  # kept current by _set: no index read per write
         if mode is not None and without_privs(mode) != mode:
             await self._drop_privs(h.node.ino)
@@ -447,12 +465,14 @@ class FileIO:
         if h is not None and h.dirty is not None:
             h.wrote = True
             await self.wb.truncate(h.dirty, size)  # type: ignore[union-attr]
+            self.pages.written(node.ino)
             return
         # truncate(path): no close will follow, so the change is saved right here
         node = await self.ns.revalidate(node)
         d = self._open_dirty(node, truncate=size == 0)
         try:
             await self.wb.truncate(d, size)  # type: ignore[union-attr]
+            self.pages.written(node.ino)
             await self._save_times(d)
             await self.wb.flush(d)  # type: ignore[union-attr]
         finally:

@@ -7,7 +7,8 @@ one opened after the metadata TTL. Their pages must never meet, or one read() re
 bytes of both versions (issue 31, H1 and H2). The rules this module keeps:
 
 - An open with keep_cache=False empties the inode's pages (the kernel does that at open);
-  a read served to a handle that goes through the page cache fills them with its version.
+  a read served to a handle that goes through the page cache fills them with its version,
+  and a write or truncate through the kernel fills them with unsaved data.
 - A handle of another version than the pages' while a handle of the pages' version is
   open goes around the page cache (direct_io): neither version's pages reach the other.
   The older handles keep theirs; once they are closed, the next open empties the pages.
@@ -72,6 +73,13 @@ class PageCache:
         handle is direct, so the pages now hold that version."""
         if fh in self._cached.get(ino, {}):
             self._pages[ino] = version
+
+    def written(self, ino: int) -> None:
+        """A write or truncate went through the kernel, which keeps the written pages: they
+        hold unsaved data now. A handle opened on them later without asking us for a byte
+        has read them, so it must count as served (the model test found one moved to a
+        newer version under pages it had been served from)."""
+        self._pages[ino] = UNSAVED
 
     def may_move(self, ino: int, fh: int, version: str) -> bool:
         """Whether handle fh may switch to `version` without its reads meeting pages of

@@ -578,3 +578,34 @@ def test_h2_old_handle_never_returns_the_new_version(mounts, s3, bucket, proxy, 
     assert not errs, f"H2: the old handle's reads failed with {errs}: {dict(served)}"
     assert not wrong, (f"H2: the old handle returned bytes other than v0 (blocks: "
                        f"{dict(served)}):\n" + "\n".join(wrong[:10]))
+
+
+@pytest.mark.parametrize("v0_via", ["boto3", "mount"])
+@pytest.mark.parametrize("new_size", [0, 24], ids=["empty", "24B"])
+def test_h3_old_handle_reads_on_after_a_new_handle_came_and_went(mounts, s3, bucket, proxy,
+                                                                 new_size, v0_via):
+    """H3 (found by the model test): v0 is written (boto3, or through the mount: its pages
+    stay in the kernel); a handle reads v0 whole; v0 is overwritten with a
+    much smaller v1 (boto3); after the TTL the file is opened, read and closed again
+    (`cat`); then the old handle reads v0 again: v0 whole or ESTALE, never cut short at
+    v1's size or v1's bytes."""
+    size = 8 * MiB + 12 * KiB
+    v0 = stamped(0, size)
+    v1 = b"v1" * (new_size // 2)
+    a = mounts.start(*TTL, cache="cache-a", mnt="mnt-a")
+    if v0_via == "boto3":
+        s3.put_object(Bucket=bucket, Key="f", Body=v0)
+    else:
+        fkit.write_file(a.path / "f", v0)  # default mode: close() returns once uploaded
+    old = os.open(a.path / "f", os.O_RDONLY)
+    try:
+        assert os.pread(old, size + 4096, 0) == v0
+        s3.put_object(Bucket=bucket, Key="f", Body=v1)
+        time.sleep(TTL_WAIT)
+        assert (a.path / "f").read_bytes() == v1, "a new open after the TTL reads v1"
+        again, err = pread_errno(old, size + 4096, 0)
+    finally:
+        os.close(old)
+    assert err in (None, errno.ESTALE), f"the old handle's read failed: {errno.errorcode[err]}"
+    assert err is not None or again == v0, \
+        f"the old handle read {len(again)} bytes: {describe(versions_of(again))}; want v0"

@@ -81,6 +81,10 @@ class WriteBack:
                                  part_retry_s=part_retry_s)
         self.settler = Settler(cache, metrics, chunk_size=chunk_size,
                                live=lambda d: self.files.get(d.ino) is d)
+        # told when a file leaves the write-back saved: its unsaved bytes, which this
+        # node's handles read, are that version now (FileIO moves them to it at once; a
+        # lookup later could find another client's newer version under the same name)
+        self.on_saved: Callable[[int, ObjectVersion], None] | None = None
 
     def _holds_upload(self, upload_id: str) -> bool:
         """Whether a live file runs this multipart upload: cleanup never aborts it."""
@@ -340,7 +344,10 @@ class WriteBack:
         del self.files[d.ino]
         self.queue.done(d.ino)
         self.staging.delete(d)
+        saved = d.clean and not d.superseded and d.failed is None and d.base is not None
         d.to(State.FORGOTTEN)
+        if saved and self.on_saved is not None:
+            self.on_saved(d.ino, d.base)  # type: ignore[arg-type]
 
     # ---- background work ----------------------------------------------------------------
 
