@@ -51,7 +51,7 @@ from run import (BUCKET, GiB, KiB, MiB, BenchError, Source, TierfsMount, log,  #
 CHROMIUM = "/usr/bin/chromium"
 RESULTS = os.path.join(run.HERE, "results")
 PNG = os.path.join(run.REPO, "docs", "images", "report-loader.png")
-# tierfs/capacity.py samples every 5 minutes (SAMPLE_INTERVAL_S) and keeps one sample per
+# tierfs/telemetry/capacity.py samples every 5 minutes (SAMPLE_INTERVAL_S) and keeps one sample per
 # 5-minute slot; the mount has no option to sample faster, so a run that wants a second
 # sample in the history waits for it (restated: the bench never imports tierfs)
 CAPACITY_INTERVAL_S = 300.0

@@ -345,7 +345,7 @@ class Rgw:
 
 
 def _pid_file(mountpoint: str) -> str:
-    """tierfs.daemon.pid_file, restated so the bench never imports tierfs itself."""
+    """tierfs.mount.daemon.pid_file, restated so the bench never imports tierfs itself."""
     return os.path.join(RUN_DIR, hashlib.sha256(mountpoint.encode()).hexdigest()[:16] + ".pid")
 
 

@@ -20,10 +20,10 @@ ALLOWED = {
     "h11": {"peers/http.py"},
     # fsck reads the index of a cache dir no daemon holds, without MetaStore's start-up
     # probe, migration and salvage (which would change what it is asked to check)
-    "lmdb": {"meta.py", "fsck.py"},
-    "matplotlib": {"reportpage.py"},  # imported only when a page is rendered
+    "lmdb": {"index/meta.py", "cli/fsck.py"},
+    "matplotlib": {"cli/reportpage.py"},  # imported only when a page is rendered
     "prometheus_client": {"metrics.py"},
-    "pyfuse3": {"fs.py", "daemon.py"},
+    "pyfuse3": {"mount/fs.py", "mount/daemon.py"},
 }
 
 

@@ -1016,7 +1016,7 @@ def build_config_with_file(path: str, source: str | None, mountpoint: str | None
     return build_config(str(source), str(mountpoint), {**options, **overrides})
 
 
-# ---- Slurm hook settings (tierfs-slurm.toml; read by tierfs/slurm.py) ------------------------
+# ---- Slurm hook settings (tierfs-slurm.toml; read by tierfs/cli/slurm.py) ------------------------
 
 MANIFEST_MAX_BYTES = 1 << 20  # a manifest (tierfs warm --manifest, tierfs:manifest=) is at most 1 MiB
 MANIFEST_MAX_PATHS = 100_000

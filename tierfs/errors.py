@@ -1,7 +1,7 @@
 """The one error taxonomy of tierfs.
 
 Every error the core raises on purpose is a TierfsError carrying the errno the FUSE
-adapter should answer with. Only tierfs.fs turns these into pyfuse3.FUSEError; the CLI
+adapter should answer with. Only tierfs.mount.fs turns these into pyfuse3.FUSEError; the CLI
 turns UsageError / StartupError into one line on stderr. Anything else that escapes is
 a bug: the adapter logs it with its traceback and answers EIO.
 """
@@ -116,12 +116,12 @@ class IntegrityError(BackendError):
 
 class StoreDown(TierfsError):
     """Refused without sending a request: the object store is known to be unreachable
-    (tierfs/health.py probes it until it answers). Not a BackendError: nothing was asked,
+    (tierfs/backend/health.py probes it until it answers). Not a BackendError: nothing was asked,
     so there is nothing new to log or count per request."""
 
 
 class RecentFailure(TierfsError):
-    """The same chunk failed a moment ago (tierfs/fetch.py): the kernel's immediate
+    """The same chunk failed a moment ago (tierfs/read/fetch.py): the kernel's immediate
     re-asks of a failed read get EIO at once instead of waiting out the retries again."""
 
 

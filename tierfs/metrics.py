@@ -162,7 +162,7 @@ class Metrics:
         """One scrape: the body and its headers, in the format the client's Accept asks
         for (Prometheus text, or OpenMetrics), gzip'ed if it takes that, as
         prometheus_client's own server answers. Safe in a worker thread. The HTTP side is
-        tierfs/metricsserve.py."""
+        tierfs/mount/metricsserve.py."""
         encoder, content_type = choose_encoder(accept)
         body = encoder(self.registry)
         headers = [("content-type", content_type)]

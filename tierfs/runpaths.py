@@ -10,7 +10,7 @@ user can take first. A /tmp/tierfs-UID that is not this uid's own private dir is
 used: the daemon makes a dir of its own beside it, /tmp/tierfs-UID.XXXXXXXX (mkdtemp:
 a fresh name, made 0700 by the uid itself), and everyone looks in this uid's own dirs of
 that name only (`run_dir`). This module only looks (lstat, listdir of /tmp); the daemon
-makes the dirs (tierfs/control.py, prepare_socket_dir).
+makes the dirs (tierfs/mount/control.py, prepare_socket_dir).
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ import os
 import threading
 from dataclasses import dataclass
 
-from tierfs.mountinfo import unescape
+from tierfs.mount.mountinfo import unescape
 
 MS_RDONLY, MS_REMOUNT, MS_BIND = 1, 32, 4096
 MNT_DETACH = 2

@@ -3,7 +3,7 @@
 The plugin serves gRPC from a pool of threads: a hung FUSE mount or daemon must not hold
 one of them past the call's deadline, and fork() in a threaded process is unsafe. So the
 plugin runs `python -m tierfs_csi.podctl` with one JSON request on stdin and kills it at
-the deadline (`run`); the child talks to the daemon's control socket (tierfs.ctl) and
+the deadline (`run`); the child talks to the daemon's control socket (tierfs.cli.ctl) and
 prints one JSON answer. A killed child's warm is cancelled by the daemon (its client went
 away) and pins nothing; run again, it resumes where it stopped (cached chunks cost
 nothing).
@@ -24,9 +24,9 @@ import sys
 import time
 
 from tierfs.config import MANIFEST_MAX_PATHS, read_manifest_fd
-from tierfs.ctl import TierfsMount, request
+from tierfs.cli.ctl import TierfsMount, request
 from tierfs.errors import TierfsError
-from tierfs.slurm import batches
+from tierfs.cli.slurm import batches
 
 from .declared import rel_path
 from .options import OptionError

@@ -22,7 +22,7 @@ import time
 import grpc
 
 from tierfs.config import format_size
-from tierfs.slurm import append_json_line, escape
+from tierfs.cli.slurm import append_json_line, escape
 
 from . import podctl
 from .declared import Declared, Pod

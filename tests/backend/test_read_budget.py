@@ -4,7 +4,7 @@ and that `tierfs mount --help` prints it."""
 
 import pytest
 
-from tierfs import cli
+from tierfs.cli import main as cli
 from tierfs.backend import budget
 from tierfs.backend.budget import default_read_budget, get_budget, read_budget
 from tierfs.backend.s3 import S3Backend

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from tierfs_csi.options import OptionError, stage_spec
 
-from tierfs.cli import _config, _parser
+from tierfs.cli.main import _config, _parser
 
 
 def test_a_tenants_attribute_becomes_the_mounts_tenants():

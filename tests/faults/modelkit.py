@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import time
 
-from tierfs.ctl import TierfsMount, request
+from tierfs.cli.ctl import TierfsMount, request
 
 BLOCK = 4096
 

@@ -1,4 +1,4 @@
-"""Read stalls on a real mount (tierfs/stalls.py, issue 15): the store is slowed for one key
+"""Read stalls on a real mount (tierfs/telemetry/stalls.py, issue 15): the store is slowed for one key
 by the fault proxy (a delay before each GET of it is forwarded); the read of that key is a
 stall of its tenant, with the right key and source, in tierfs_read_stall_seconds, in the
 stall log of `tierfs status --json`, and in `tierfs usage`'s stall seconds.
@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from tierfs.callers import Callers
+from tierfs.telemetry.callers import Callers
 
 pytestmark = pytest.mark.mount
 

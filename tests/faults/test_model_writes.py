@@ -66,7 +66,7 @@ from hypothesis.stateful import (
 )
 from modelkit import stamped
 
-from tierfs.ctl import ControlError
+from tierfs.cli.ctl import ControlError
 
 CHUNK = 256 * KiB
 TTL_A = 2.0  # node A's --metadata-ttl

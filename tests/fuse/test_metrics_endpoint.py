@@ -3,7 +3,7 @@
 prometheus_client's server started a thread per connection and held it while the client
 did: 2,000 idle connections made 2,000 threads in the daemon, and with a 1,024 fd limit
 every read of the mount failed with EIO. The daemon here runs with that limit
-(`prlimit --nofile=1024`); its endpoint is served from its trio loop (tierfs/metricsserve.py).
+(`prlimit --nofile=1024`); its endpoint is served from its trio loop (tierfs/mount/metricsserve.py).
 """
 
 from __future__ import annotations

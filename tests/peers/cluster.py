@@ -443,7 +443,7 @@ def drop_page_cache(path: Path) -> None:
 # ------------------------------------------------------------------ peers run by the test
 # A fake owner of chunks, listed in the peers file like any node. It knows the true bytes
 # (`data`: key -> bytes) and answers as the test tells it (`Misbehave`).
-BLOCK = 64 * KiB   # the daemons' checksum block (tierfs.core.BLOCK_SIZE)
+BLOCK = 64 * KiB   # the daemons' checksum block (tierfs.mount.core.BLOCK_SIZE)
 
 
 def flip_bit(data: bytes, bit: int) -> bytes:

@@ -13,7 +13,7 @@ What a damaged reply can be caught by:
     each block differs from the signed header -> "corrupt";
   - CRCs computed over the flipped bytes and signed with the secret (`crc_after_flip`): the
     reply is self-consistent; only a checksum from the store can tell, and the reader checks
-    a peer's chunk against one where the object has it (tierfs/storecheck.py): tierfs's
+    a peer's chunk against one where the object has it (tierfs/read/storecheck.py): tierfs's
     per-chunk CRC32Cs in the metadata of the objects it writes (one HEAD per object
     version), or the MD5 ETag of a one-chunk object. An object with neither (a multipart
     object another client wrote) is taken on the owner's CRCs (docs/peers.md).

@@ -14,7 +14,7 @@ import time
 import pytest
 from mounting import Mount
 
-from tierfs.callers import Callers
+from tierfs.telemetry.callers import Callers
 
 import posixkit
 

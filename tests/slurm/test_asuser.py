@@ -1,4 +1,4 @@
-"""What a job names is resolved as the job's user (tierfs/asuser.py), no Slurm needed:
+"""What a job names is resolved as the job's user (tierfs/cli/asuser.py), no Slurm needed:
 symlinks and `..` as the kernel resolves them for that user, globs that cannot look into
 folders the user cannot list, manifests that are regular files only, and one deadline
 that kills the child whatever it is stuck on."""
@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from tierfs.asuser import (
+from tierfs.cli.asuser import (
     AsUserError,
     DeadlineExceeded,
     Identity,
@@ -18,8 +18,8 @@ from tierfs.asuser import (
     run_as,
 )
 from tierfs.config import MANIFEST_MAX_BYTES, format_size
-from tierfs.mountinfo import Mount
-from tierfs.slurm import Declared, Job, collect
+from tierfs.mount.mountinfo import Mount
+from tierfs.cli.slurm import Declared, Job, collect
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="dropping to the job user needs root")
 

@@ -11,8 +11,8 @@ import time
 
 from slurmkit import HOOKS
 
-from tierfs import slurm
-from tierfs.slurm import MAX_COMMENT_BYTES, Job, Log, declared_in, load_settings
+from tierfs.cli import slurm
+from tierfs.cli.slurm import MAX_COMMENT_BYTES, Job, Log, declared_in, load_settings
 
 TEN_MB = "x" * (10 << 20)
 CAPPED = ("the job comment is {size}, more than the 64.0 KiB tierfs reads: its tierfs: "

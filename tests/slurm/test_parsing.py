@@ -7,8 +7,8 @@ import sys
 import pytest
 
 from tierfs.errors import UsageError
-from tierfs.mountinfo import Mount
-from tierfs.slurm import (
+from tierfs.mount.mountinfo import Mount
+from tierfs.cli.slurm import (
     Declared,
     Job,
     collect,
@@ -262,7 +262,7 @@ def test_without_scontrol_the_comment_is_unknown_and_logged(tmp_path):
 
 
 def test_a_large_warm_set_goes_in_bounded_manifests():
-    from tierfs.slurm import batches
+    from tierfs.cli.slurm import batches
 
     paths = [f"/mnt/data/{i:06d}.bin" for i in range(20_000)]  # 20 bytes + newline each
     parts = batches(paths, limit=100_000)

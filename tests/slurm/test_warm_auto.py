@@ -18,8 +18,7 @@ from pathlib import Path
 import pytest
 from mounting import Mount
 
-from tierfs import slurmruns
-
+from tierfs.cli import slurmruns
 pytestmark = pytest.mark.mount
 
 MiB = 1 << 20

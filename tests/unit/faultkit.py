@@ -3,7 +3,7 @@
 Modelled on mountpoint-s3's failure_client: the wrapped backend does the real work; rules
 decide, per call, whether to fail it or damage what it returns. Used through
 `unitkit.core(tmp, backend=FaultBackend(FileBackend(src)), bucket=src)`, which builds the
-core exactly as the daemon does (tierfs.core.build_core) - no FUSE, no network.
+core exactly as the daemon does (tierfs.mount.core.build_core) - no FUSE, no network.
 
 A rule is one `inject(ops, action, ...)`:
 - ops: backend method names ("get", "get_into", "put", "upload_part", "mpu_abort", ...),

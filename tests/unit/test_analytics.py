@@ -1,4 +1,4 @@
-"""Access analytics (tierfs/analytics.py): per-prefix reads, re-reads and re-fetches,
+"""Access analytics (tierfs/telemetry/analytics.py): per-prefix reads, re-reads and re-fetches,
 LIST/HEAD counts, files per job, the bounds, and what survives a restart - on a real
 MetaStore (LMDB), and through the real read path of an in-process core."""
 
@@ -8,9 +8,9 @@ import os
 
 import trio
 
-from tierfs import analytics as an
-from tierfs.analytics import Analytics, prefix_of
-from tierfs.meta import MetaStore
+from tierfs.telemetry import analytics as an
+from tierfs.telemetry.analytics import Analytics, prefix_of
+from tierfs.index.meta import MetaStore
 
 from unitkit import FakeClock, core, resolve, write
 

@@ -1,4 +1,4 @@
-"""tierfs.attrs: the metadata a file carries in S3, and the POSIX rules for new nodes."""
+"""tierfs.index.attrs: the metadata a file carries in S3, and the POSIX rules for new nodes."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import stat
 
 import pytest
 
-from tierfs.attrs import (BLK, CHR, DIR, FIFO, FILE, SOCK, SYMLINK, Attrs, for_new,
+from tierfs.index.attrs import (BLK, CHR, DIR, FIFO, FILE, SOCK, SYMLINK, Attrs, for_new,
                           format_ns, from_metadata, kind_of, parse_ns, without_privs)
 
 

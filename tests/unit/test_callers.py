@@ -1,4 +1,4 @@
-"""Who reads (tierfs/callers.py): /proc/PID/cgroup texts of Slurm and Kubernetes, both
+"""Who reads (tierfs/telemetry/callers.py): /proc/PID/cgroup texts of Slurm and Kubernetes, both
 cgroup layouts, as the kernel writes them; the slurmstepd ancestor of a Slurm without
 cgroup plugins; the per-pid cache. The process trees are real directories laid out as
 /proc is (the `proc` seam), or this machine's own /proc."""
@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from tierfs.callers import Callers, reader_of, stepd_job
+from tierfs.telemetry.callers import Callers, reader_of, stepd_job
 
 from unitkit import FakeClock
 

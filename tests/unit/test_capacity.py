@@ -1,4 +1,4 @@
-"""The capacity history and forecast (tierfs/capacity.py): the forecast on synthetic
+"""The capacity history and forecast (tierfs/telemetry/capacity.py): the forecast on synthetic
 histories, the downsampled history's bounds in a real index, the working-set sample, and
 the sampler on an in-process core."""
 
@@ -9,9 +9,9 @@ import os
 import pytest
 import trio
 
-from tierfs.capacity import (DAY, MAX_SAMPLES, MIN_SAMPLES, TIERS, CapacityHistory, Sample,
+from tierfs.telemetry.capacity import (DAY, MAX_SAMPLES, MIN_SAMPLES, TIERS, CapacityHistory, Sample,
                              WorkingSet, downsample, forecast, merged)
-from tierfs.meta import MetaStore
+from tierfs.index.meta import MetaStore
 
 from unitkit import core, resolve, write
 

@@ -1,6 +1,6 @@
 """ChunkCache: memory tier over disk tier, corruption handling, recovery, persistence.
 
-Built exactly as tierfs/daemon.py builds it (MetaStore + DiskTier + MemoryTier + Evictor),
+Built exactly as tierfs/mount/daemon.py builds it (MetaStore + DiskTier + MemoryTier + Evictor),
 with a fake clock and a statvfs that always reports plenty of space.
 """
 
@@ -11,7 +11,7 @@ import pytest
 
 from tierfs.cache.heat import touched
 from tierfs.cache.keys import ObjectVersion, chunk_name
-from tierfs.meta import MetaStore
+from tierfs.index.meta import MetaStore
 
 from unitkit import SOURCE, chunk_files, make_cache, sample
 
@@ -309,7 +309,7 @@ async def test_chunk_records_of_an_older_cache_format_are_dropped_at_mount(root,
         txn.delete(b"chunk_format", db=rig.meta._info)
     rig.close()
 
-    caplog.set_level(logging.INFO, logger="tierfs.meta")
+    caplog.set_level(logging.INFO, logger="tierfs.index.meta")
     rig = make_cache(root, cache_size=64 * CHUNK)
     try:
         said = [r.getMessage() for r in caplog.records if "cache format" in r.getMessage()]

@@ -14,7 +14,7 @@ import tempfile
 
 import pytest
 
-from tierfs import cli
+from tierfs.cli import main as cli
 from tierfs.config import build_config, parse_o_options
 
 NOBODY = 65534

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from tierfs import cli
+from tierfs.cli import main as cli
 from tierfs.config import build_config, build_config_with_file, parse_o_options
 from tierfs.errors import UsageError
 from tierfs.tenants import DEFAULT, Share, TenantMap

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from tierfs.control import prepare_socket_dir
+from tierfs.mount.control import prepare_socket_dir
 from tierfs.errors import StartupError
-from tierfs.mountinfo import is_mountpoint
+from tierfs.mount.mountinfo import is_mountpoint
 from tierfs.runpaths import aside_dirs, control_socket, run_dir
 
 

@@ -1,5 +1,5 @@
 """Every background task of the core under injected faults; the core is the daemon's
-(tierfs.core.build_core through unitkit.core), over a FileBackend, no FUSE.
+(tierfs.mount.core.build_core through unitkit.core), over a FileBackend, no FUSE.
 
 What is asserted is the daemon-level property of issue 9 item 2: an unexpected exception
 in read-ahead, warm, an uploader, recovery or orphan cleanup is logged with its
@@ -24,7 +24,7 @@ import trio
 
 from tierfs.backend.file import FileBackend
 from tierfs.errors import BackendError
-from tierfs.meta import ROOT_INO
+from tierfs.index.meta import ROOT_INO
 from tierfs.tasks import leaves
 
 from faultkit import FaultBackend, Hang, InjectedBug, error, unavailable, unexpected

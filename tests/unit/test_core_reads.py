@@ -1,6 +1,6 @@
 """Namespace + FileIO + Fetcher (+ Prefetcher) over a FileBackend, under trio, no mount.
 
-The core is wired as tierfs/daemon.py wires it (unitkit.core); time is a fake clock, so
+The core is wired as tierfs/mount/daemon.py wires it (unitkit.core); time is a fake clock, so
 "past the metadata TTL" is a clock advance, never a sleep.
 """
 
@@ -11,8 +11,8 @@ import pytest
 import trio
 
 from tierfs.errors import IsADirectory, NameTooLong, NotADirectory, NotFound, StaleObject
-from tierfs.meta import ROOT_INO
-from tierfs.prefetch import ReadPattern
+from tierfs.index.meta import ROOT_INO
+from tierfs.read.prefetch import ReadPattern
 
 from unitkit import core, resolve, sample, write
 

@@ -16,7 +16,7 @@ import subprocess
 import sys
 import time
 
-from tierfs.mountinfo import is_mountpoint
+from tierfs.mount.mountinfo import is_mountpoint
 from tierfs.runpaths import pid_file
 
 
@@ -66,7 +66,7 @@ def test_a_background_daemon_dumps_no_core_and_leaves_its_start_directory(tmp_pa
 
 def test_protect_process_in_a_process_of_its_own(tmp_path):
     code = ("import os, resource\n"
-            "from tierfs.hardening import dumpable, protect_process\n"
+            "from tierfs.mount.hardening import dumpable, protect_process\n"
             "before = dumpable()\n"
             "protect_process()\n"
             "print(before, dumpable(), os.getcwd(), resource.getrlimit(resource.RLIMIT_CORE),"

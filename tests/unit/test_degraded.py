@@ -1,6 +1,6 @@
 """Degraded mode in the core (no FUSE): the store goes away, what is cached stays served.
 
-The core is the daemon's (unitkit.core -> tierfs.core.build_core) over a FileBackend
+The core is the daemon's (unitkit.core -> tierfs.mount.core.build_core) over a FileBackend
 behind faultkit's FaultBackend: the store is "down" while every call fails as an
 unreachable endpoint does (BackendUnavailable, its bucket checks too). The namespace's
 clock is fake ("past the TTL" is a clock advance); the health's probe interval and the
@@ -17,7 +17,7 @@ import trio
 from tierfs.backend.file import FileBackend
 from tierfs.errors import (AccessDenied, BackendError, NotFound, RecentFailure, StoreDown,
                            TierfsError)
-from tierfs.meta import ROOT_INO
+from tierfs.index.meta import ROOT_INO
 
 from faultkit import Action, FaultBackend, Hang, error, unavailable
 from unitkit import core, resolve, write
@@ -60,7 +60,7 @@ def names(entries):
 
 def stale_lines(caplog) -> list[str]:
     return [r.getMessage() for r in caplog.records
-            if r.name == "tierfs.namespace" and "cannot revalidate" in r.getMessage()]
+            if r.name == "tierfs.files.namespace" and "cannot revalidate" in r.getMessage()]
 
 
 def quick(c):
@@ -146,7 +146,7 @@ async def test_store_down_serves_what_is_cached_and_fails_the_rest_fast(tmp_path
         assert names(await c.ns.listdir(d.ino)) == [b"a.bin", b"b.bin", b"new.bin"]
         assert names(await c.ns.listdir(e.ino)) == [b"never-listed.txt"]
 
-    warnings = [r.getMessage() for r in caplog.records if r.name == "tierfs.health"
+    warnings = [r.getMessage() for r in caplog.records if r.name == "tierfs.backend.health"
                 and r.levelno == logging.WARNING]
     assert len(warnings) == 1 and "degraded" in warnings[0]
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR], "no ERROR lines"

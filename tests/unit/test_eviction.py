@@ -16,8 +16,8 @@ from tierfs.cache.admission import (ABANDONED, MARGIN, MIN_GAP, RESTORED_KEPT, S
                                     TRAILING, Admission, LruShadow)
 from tierfs.cache.heat import RESTORED, UNREAD_WRITTEN
 from tierfs.cache.keys import ObjectVersion
-from tierfs.callers import Callers
-from tierfs.meta import ChunkRecord
+from tierfs.telemetry.callers import Callers
+from tierfs.index.meta import ChunkRecord
 
 from unitkit import chunk_files, core, make_cache, resolve, sample, statvfs_result, write
 
@@ -564,7 +564,7 @@ def test_a_refused_read_passes_over_at_most_skipped_max_chunks():
 
 
 async def test_a_slurm_jobs_first_open_is_told_to_admission(tmp_path):
-    """FileIO.open: the caller as a reader (tierfs/callers.py, here a fake /proc)."""
+    """FileIO.open: the caller as a reader (tierfs/telemetry/callers.py, here a fake /proc)."""
     proc = tmp_path / "proc"
     (proc / "77").mkdir(parents=True)
     (proc / "77" / "cgroup").write_text("0::/system.slice/slurmstepd.scope/job_42/step_0\n")

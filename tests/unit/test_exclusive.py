@@ -1,4 +1,4 @@
-"""Exclusive create's store side (tierfs/exclusive.py, Backend.put_new): the boto3 call
+"""Exclusive create's store side (tierfs/files/exclusive.py, Backend.put_new): the boto3 call
 (botocore's Stubber: no network), the local-directory backend's link(2), the probe that
 tells a store that honours, refuses or ignores If-None-Match: *, and a claim whose answer
 was lost. The two-node races on real mounts: tests/writes/test_exclusive_create.py."""
@@ -15,7 +15,7 @@ from tierfs.backend.file import FileBackend
 from tierfs.backend.runner import AsyncBackend
 from tierfs.backend.s3 import S3Backend
 from tierfs.errors import BackendUnavailable, Exists, Unsupported
-from tierfs.exclusive import CLAIM_META, ConditionalWrites, Taken
+from tierfs.files.exclusive import CLAIM_META, ConditionalWrites, Taken
 from tierfs.metrics import Metrics
 
 
@@ -112,11 +112,11 @@ def _writes(backend) -> ConditionalWrites:
 ])
 async def test_the_probe_tells_honoured_ignored_and_refused(tmp_path, caplog, store, supported,
                                                             says):
-    caplog.set_level(logging.INFO, logger="tierfs.exclusive")
+    caplog.set_level(logging.INFO, logger="tierfs.files.exclusive")
     cw = _writes(store(str(tmp_path)))
     assert await cw.known() is supported
     assert await cw.known() is supported  # asked once
-    lines = [r for r in caplog.records if r.name == "tierfs.exclusive"]
+    lines = [r for r in caplog.records if r.name == "tierfs.files.exclusive"]
     assert len(lines) == 1 and says in lines[0].getMessage()
     assert lines[0].levelno == (logging.INFO if supported else logging.WARNING)
     assert not (tmp_path / "pre").exists() or os.listdir(tmp_path / "pre") == []  # deleted

@@ -14,8 +14,8 @@ from pathlib import Path
 
 from tierfs.cache.disk import DiskTier
 from tierfs.cache.keys import ObjectVersion, chunk_name
-from tierfs.journal import HEADER
-from tierfs.meta import FILE, ROOT_INO, ChunkRecord, MetaStore
+from tierfs.index.journal import HEADER
+from tierfs.index.meta import FILE, ROOT_INO, ChunkRecord, MetaStore
 
 SRC = "s3://bucket/"
 BLOCK = 4096

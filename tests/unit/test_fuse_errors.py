@@ -1,4 +1,4 @@
-"""FuseOps' one error boundary (tierfs/fs.py): a TierfsError answers its errno, also from
+"""FuseOps' one error boundary (tierfs/mount/fs.py): a TierfsError answers its errno, also from
 inside an ExceptionGroup; anything else is EIO, an internal error of that op, and one
 traceback in the log (repeats of the same bug are one line each)."""
 
@@ -12,7 +12,7 @@ import pytest
 
 from tierfs.config import MountConfig, Source
 from tierfs.errors import NoSpace, NotFound
-from tierfs.fs import FuseOps
+from tierfs.mount.fs import FuseOps
 from tierfs.metrics import Metrics
 
 from unitkit import sample

@@ -19,8 +19,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tierfs import ctl, protocol
-from tierfs.mountinfo import is_mountpoint
+from tierfs.cli import ctl
+
+from tierfs import protocol
+from tierfs.mount.mountinfo import is_mountpoint
 from tierfs.runpaths import control_socket
 
 pytestmark = pytest.mark.mount

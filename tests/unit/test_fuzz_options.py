@@ -13,7 +13,7 @@ import tempfile
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tierfs import cli
+from tierfs.cli import main as cli
 from tierfs.config import (MAX_ID, OPTIONS, MountConfig, build_config, parse_o_options,
                            physical_memory, read_config_file)
 from tierfs.errors import UsageError

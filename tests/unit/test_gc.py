@@ -22,8 +22,8 @@ import pytest
 
 from tierfs.cachedir import lock_cache_dir
 from tierfs.config import build_config
-from tierfs.gc import DEFAULT_ROOT, TRASH_PREFIX
-from tierfs.journal import Journal
+from tierfs.cli.gc import DEFAULT_ROOT, TRASH_PREFIX
+from tierfs.index.journal import Journal
 
 DAY = 86400
 NOBODY = 65534
@@ -304,7 +304,7 @@ def test_the_default_root_is_where_mounts_put_their_cache_dirs(tmp_path):
 
 def test_while_gc_holds_a_dir_no_daemon_can_take_it_and_gc_leaves_a_held_dir(tmp_path):
     from tierfs.errors import StartupError
-    from tierfs.gc import _lock
+    from tierfs.cli.gc import _lock
 
     d = cache_dir(tmp_path, "c")
     fd = _lock(str(d), create=False)  # what gc holds while it judges and removes a dir

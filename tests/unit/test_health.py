@@ -1,4 +1,4 @@
-"""BackendHealth (tierfs/health.py): suspect, confirm with a probe, degrade, recover.
+"""BackendHealth (tierfs/backend/health.py): suspect, confirm with a probe, degrade, recover.
 
 The probe is a plain function here (the daemon's is a bucket check with one attempt and
 short timeouts); intervals are shortened so a whole outage takes a fraction of a second.
@@ -13,7 +13,7 @@ import trio
 from tierfs.backend.file import FileBackend
 from tierfs.backend.runner import AsyncBackend
 from tierfs.errors import AccessDenied, BackendError, BackendUnavailable, NotFound, StoreDown
-from tierfs.health import BackendHealth
+from tierfs.backend.health import BackendHealth
 from tierfs.metrics import Metrics
 
 from unitkit import sample
@@ -58,12 +58,12 @@ def up_gauge(metrics: Metrics) -> float:
 
 def health_lines(caplog, level: int) -> list[str]:
     return [r.getMessage() for r in caplog.records
-            if r.name == "tierfs.health" and r.levelno == level]
+            if r.name == "tierfs.backend.health" and r.levelno == level]
 
 
 @pytest.fixture
 async def health(nursery, caplog):
-    caplog.set_level(logging.INFO, logger="tierfs.health")
+    caplog.set_level(logging.INFO, logger="tierfs.backend.health")
     metrics = Metrics()
     probe = Probe()
     h = BackendHealth(metrics, probe, interval_s=0.05, timeout_s=0.3)

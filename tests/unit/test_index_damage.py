@@ -19,12 +19,12 @@ from pathlib import Path
 import pytest
 import trio
 
-from tierfs import meta as metamod
+from tierfs.index import meta as metamod
 from tierfs.backend.file import FileBackend
 from tierfs.cache.disk import DiskTier
 from tierfs.cache.keys import ObjectVersion
 from tierfs.errors import BackendError
-from tierfs.meta import DIR, FILE, ROOT_INO, ChunkRecord, MetaStore, check_meta_pages
+from tierfs.index.meta import DIR, FILE, ROOT_INO, ChunkRecord, MetaStore, check_meta_pages
 
 from unitkit import core
 
@@ -76,7 +76,7 @@ from tierfs.cache.admission import Admission
 from tierfs.cache.evictor import Evictor
 from tierfs.cache.memory import MemoryTier
 from tierfs.errors import CacheCorrupt
-from tierfs.meta import FILE, MetaStore, ROOT_INO
+from tierfs.index.meta import FILE, MetaStore, ROOT_INO
 from tierfs.metrics import Metrics
 root = sys.argv[1]
 meta = MetaStore(root + "/index", "s3://bucket/", map_size=64 << 20)

@@ -1,4 +1,4 @@
-"""The write-back journal (tierfs/journal.py): an fsynced append-only file beside the index.
+"""The write-back journal (tierfs/index/journal.py): an fsynced append-only file beside the index.
 
 It must give back every acknowledged record after a crash, tolerate only what a crash can
 do (a torn last append), refuse anything else with an error naming the file, stay small
@@ -13,10 +13,10 @@ from pathlib import Path
 import lmdb
 import pytest
 
-from tierfs import journal as journal_mod
+from tierfs.index import journal as journal_mod
 from tierfs.errors import NoSpace, StartupError
-from tierfs.journal import HEADER, Journal, JournalDamaged, scan_file
-from tierfs.meta import FILE, ROOT_INO, MetaStore
+from tierfs.index.journal import HEADER, Journal, JournalDamaged, scan_file
+from tierfs.index.meta import FILE, ROOT_INO, MetaStore
 
 SRC = "s3://bucket/"
 

@@ -6,7 +6,7 @@ import lmdb
 import pytest
 
 from tierfs.errors import StartupError
-from tierfs.meta import DIR, FILE, ROOT_INO, ChunkRecord, MetaStore
+from tierfs.index.meta import DIR, FILE, ROOT_INO, ChunkRecord, MetaStore
 
 SRC = "s3://bucket/"
 

@@ -9,9 +9,9 @@ import stat
 import pytest
 from faultkit import FaultBackend, unavailable
 
-from tierfs.attrs import DIR, FIFO, FILE, Attrs
+from tierfs.index.attrs import DIR, FIFO, FILE, Attrs
 from tierfs.backend.file import FileBackend
-from tierfs.meta import ROOT_INO
+from tierfs.index.meta import ROOT_INO
 from unitkit import core, sample
 
 OTHER_NODE = Attrs(mode=0o600, uid=1234, gid=5678, mtime_ns=1_500_000_000_000_000_001)

@@ -1,6 +1,6 @@
 """Mount points as /proc/self/mountinfo spells them."""
 
-from tierfs.mountinfo import unescape
+from tierfs.mount.mountinfo import unescape
 
 
 def test_octal_escapes_and_utf8_names_come_back_as_they_were():

@@ -1,8 +1,8 @@
-"""PageCache (tierfs/pagecache.py): the rules that keep two versions' bytes apart in the
+"""PageCache (tierfs/files/pagecache.py): the rules that keep two versions' bytes apart in the
 kernel's page cache of one inode. The real-mount cases are in
 tests/faults/test_lost_checkpoints.py (H1, H2, V1); here each rule alone."""
 
-from tierfs.pagecache import UNSAVED, PageCache
+from tierfs.files.pagecache import UNSAVED, PageCache
 
 INO = 7
 

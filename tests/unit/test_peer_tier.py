@@ -1,4 +1,4 @@
-"""The peer tier wired into two in-process cores (tierfs/core.py) over one FileBackend.
+"""The peer tier wired into two in-process cores (tierfs/mount/core.py) over one FileBackend.
 
 Real parts: build_core, LMDB, the disk tier, the peer server and client on 127.0.0.1.
 The fleet of real daemons over a real RGW is tests/peers/.
@@ -14,7 +14,7 @@ import trio
 
 from tierfs.backend.file import FileBackend
 from tierfs.cache import ObjectVersion
-from tierfs.meta import ROOT_INO
+from tierfs.index.meta import ROOT_INO
 from tierfs.peers import TIMEOUT_STRIKES
 from unitkit import core, sample, write
 

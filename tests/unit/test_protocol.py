@@ -13,7 +13,11 @@ import pytest
 import trio
 import trio.testing
 
-from tierfs import control, ctl, protocol
+from tierfs.mount import control
+
+from tierfs.cli import ctl
+
+from tierfs import protocol
 from tierfs.errors import UsageError
 from tierfs.protocol import (MAX_REPLY, MAX_REQUEST, UnpinRequest, WarmRequest,
                              parse_reply, parse_request)

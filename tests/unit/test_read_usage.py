@@ -1,6 +1,6 @@
-"""The read path's accounting on an in-process core (tierfs/fileio.py): each open's reader
+"""The read path's accounting on an in-process core (tierfs/files/fileio.py): each open's reader
 and tenant, bytes counted by source to both, the time a read waited on fetches, and stalls
-(tierfs/stalls.py) with the right key, offset and source of the delay.
+(tierfs/telemetry/stalls.py) with the right key, offset and source of the delay.
 
 The store is a FileBackend whose GETs of chosen ranges wait for the test to open a gate, so
 a read waits as long as the test says, and no assertion depends on how fast the box is: a
@@ -16,7 +16,7 @@ import trio
 import trio.testing
 
 from tierfs.backend.file import FileBackend
-from tierfs.callers import Callers
+from tierfs.telemetry.callers import Callers
 
 from unitkit import core, resolve, sample, write
 

@@ -1,5 +1,5 @@
-"""`tierfs report`'s control ops (tierfs/report.py via tierfs/control.py) on an in-process
-core, asked by the real client (tierfs/ctl.py) over a real unix socket: the typed result
+"""`tierfs report`'s control ops (tierfs/telemetry/report.py via tierfs/mount/control.py) on an in-process
+core, asked by the real client (tierfs/cli/ctl.py) over a real unix socket: the typed result
 against the reads made, the text report, the job manifest; and the pure pieces (the hit
 ratio series, bucket quantiles)."""
 
@@ -9,10 +9,12 @@ import os
 
 import trio
 
-from tierfs import ctl, protocol, reportpage
-from tierfs.analytics import Point
-from tierfs.control import ControlServer, prepare_socket_dir
-from tierfs.report import _quantile, ratio_series
+from tierfs.cli import ctl, reportpage
+
+from tierfs import protocol
+from tierfs.telemetry.analytics import Point
+from tierfs.mount.control import ControlServer, prepare_socket_dir
+from tierfs.telemetry.report import _quantile, ratio_series
 from tierfs.runpaths import control_socket
 
 from unitkit import core, resolve, write

@@ -1,11 +1,11 @@
-"""tierfs/reportpage.py's pure pieces: how the report names a duration (the cold list's
+"""tierfs/cli/reportpage.py's pure pieces: how the report names a duration (the cold list's
 title follows `--cold-after`)."""
 
 from __future__ import annotations
 
-from tierfs import protocol, reportpage
+from tierfs import protocol
 
-
+from tierfs.cli import reportpage
 def _report(cold_after: float) -> protocol.ReportResult:
     return protocol.ReportResult.model_validate({
         "mountpoint": "/mnt", "source": "s3://b/", "generated": 0.0, "levels": 2,

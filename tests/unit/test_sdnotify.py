@@ -8,9 +8,7 @@ import uuid
 
 import pytest
 
-from tierfs import sdnotify
-
-
+from tierfs.mount import sdnotify
 @pytest.fixture
 def listener(tmp_path, request):
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
@@ -76,9 +74,9 @@ def test_journal_lines_carry_their_priority_and_no_time():
     fmt = sdnotify.JournalFormatter("%(levelname)s %(name)s: %(message)s")
 
     def line(level, msg):
-        return fmt.format(logging.LogRecord("tierfs.daemon", level, __file__, 1, msg, None, None))
+        return fmt.format(logging.LogRecord("tierfs.mount.daemon", level, __file__, 1, msg, None, None))
 
-    assert line(logging.INFO, "mounted") == "<6>INFO tierfs.daemon: mounted"
-    assert line(logging.WARNING, "w") == "<4>WARNING tierfs.daemon: w"
-    assert line(logging.ERROR, "two\nlines") == "<3>ERROR tierfs.daemon: two\n<3>lines"
+    assert line(logging.INFO, "mounted") == "<6>INFO tierfs.mount.daemon: mounted"
+    assert line(logging.WARNING, "w") == "<4>WARNING tierfs.mount.daemon: w"
+    assert line(logging.ERROR, "two\nlines") == "<3>ERROR tierfs.mount.daemon: two\n<3>lines"
     assert line(logging.DEBUG, "d").startswith("<7>")

@@ -1,4 +1,4 @@
-"""tierfs:warm=auto's pieces (tierfs/slurmruns.py, tierfs/slurm.py): the token, the record
+"""tierfs:warm=auto's pieces (tierfs/cli/slurmruns.py, tierfs/cli/slurm.py): the token, the record
 of each job name's last run (real files in a tmp dir), the job name from scontrol."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 import os
 
-from tierfs import slurmruns
-from tierfs.slurm import parse_comment
+from tierfs.cli import slurmruns
+from tierfs.cli.slurm import parse_comment
 
 
 def test_warm_auto_is_a_token_of_its_own_beside_paths():

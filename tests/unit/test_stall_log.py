@@ -1,11 +1,11 @@
-"""The stall log (tierfs/stalls.py): the threshold, the slowest recent stalls kept (top N by
+"""The stall log (tierfs/telemetry/stalls.py): the threshold, the slowest recent stalls kept (top N by
 wait within the window), totals per source, the per-tenant histogram. Pure: a fake clock,
 waits given as numbers."""
 
 from __future__ import annotations
 
 from tierfs.metrics import Metrics
-from tierfs.stalls import StallLog
+from tierfs.telemetry.stalls import StallLog
 
 from unitkit import FakeClock, sample
 

@@ -19,7 +19,7 @@ import time
 
 import pytest
 
-from tierfs.mountinfo import is_mountpoint
+from tierfs.mount.mountinfo import is_mountpoint
 from tierfs.runpaths import pid_file
 
 HOOK = textwrap.dedent('''

@@ -9,9 +9,9 @@ import os
 
 import trio
 
-from tierfs import ctl
-from tierfs.control import ControlServer, prepare_socket_dir
-from tierfs.meta import ROOT_INO
+from tierfs.cli import ctl
+from tierfs.mount.control import ControlServer, prepare_socket_dir
+from tierfs.index.meta import ROOT_INO
 from tierfs.runpaths import control_socket
 
 from unitkit import core

@@ -142,7 +142,7 @@ def test_exception_helpers():
 
 
 async def test_the_control_server_fails_the_start_or_is_supervised_after_it(autojump_clock):
-    from tierfs.daemon import _serve_control
+    from tierfs.mount.daemon import _serve_control
     from tierfs.errors import StartupError
 
     class Control:

@@ -1,4 +1,4 @@
-"""Usage per tenant and reader (tierfs/usage.py): counting, bounds, the Prometheus series,
+"""Usage per tenant and reader (tierfs/telemetry/usage.py): counting, bounds, the Prometheus series,
 persistence in the index (a real MetaStore on LMDB)."""
 
 from __future__ import annotations
@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import trio
 
-from tierfs.meta import MetaStore
+from tierfs.index.meta import MetaStore
 from tierfs.metrics import Metrics
-from tierfs.usage import Tally, Usage
+from tierfs.telemetry.usage import Tally, Usage
 
 from unitkit import FakeClock, sample
 

@@ -1,5 +1,5 @@
-"""The control socket's `usage` op (tierfs/control.py) on an in-process core, asked by the
-real client (tierfs/ctl.py) over a real unix socket, and `tierfs usage`'s table."""
+"""The control socket's `usage` op (tierfs/mount/control.py) on an in-process core, asked by the
+real client (tierfs/cli/ctl.py) over a real unix socket, and `tierfs usage`'s table."""
 
 from __future__ import annotations
 
@@ -8,8 +8,10 @@ import os
 import pytest
 import trio
 
-from tierfs import ctl, protocol
-from tierfs.control import ControlServer, prepare_socket_dir
+from tierfs.cli import ctl
+
+from tierfs import protocol
+from tierfs.mount.control import ControlServer, prepare_socket_dir
 from tierfs.runpaths import control_socket
 
 from unitkit import core, resolve, write

@@ -1,5 +1,5 @@
 """`tierfs usage`'s request checks (tierfs/protocol.py), and the Slurm epilog's summary
-line and accounting record built from the mounts' answers (tierfs/slurm.py), without a
+line and accounting record built from the mounts' answers (tierfs/cli/slurm.py), without a
 mount."""
 
 from __future__ import annotations
@@ -12,10 +12,12 @@ import sys
 
 import pytest
 
-from tierfs import ctl, protocol
+from tierfs.cli import ctl
+
+from tierfs import protocol
 from tierfs.config import slurm_settings
 from tierfs.errors import UsageError
-from tierfs.slurm import append_json_line, job_usage
+from tierfs.cli.slurm import append_json_line, job_usage
 
 
 @pytest.mark.parametrize("reader", ["job:", "job", "user:1", "job:1\nforged", "uid:" + "9" * 90])

@@ -19,12 +19,12 @@ from tierfs.cache.disk import DiskTier
 from tierfs.cache.evictor import Evictor
 from tierfs.cache.memory import MemoryTier
 from tierfs.config import MountConfig, Source
-from tierfs.core import Core, build_core
-from tierfs.fetch import Fetcher
-from tierfs.fileio import FileIO
-from tierfs.meta import ROOT_INO, MetaStore
+from tierfs.mount.core import Core, build_core
+from tierfs.read.fetch import Fetcher
+from tierfs.files.fileio import FileIO
+from tierfs.index.meta import ROOT_INO, MetaStore
 from tierfs.metrics import Metrics
-from tierfs.namespace import Namespace
+from tierfs.files.namespace import Namespace
 
 SOURCE = "file:///src"
 
@@ -103,7 +103,7 @@ def make_cache(root: str, *, cache_size: int, memory_bytes: int = 0, block_size:
                clock: FakeClock | None = None, half_life: float = 1800.0,
                min_free_ratio: float = 0.10, high: float = 0.95, low: float = 0.90,
                source: str = SOURCE) -> CacheRig:
-    """A ChunkCache wired as tierfs/daemon.py wires it, with the clock and statvfs seams."""
+    """A ChunkCache wired as tierfs/mount/daemon.py wires it, with the clock and statvfs seams."""
     clock = clock or FakeClock()
     metrics = Metrics()
     meta = MetaStore(os.path.join(root, "index"), source, map_size=64 << 20)
@@ -119,7 +119,7 @@ def make_cache(root: str, *, cache_size: int, memory_bytes: int = 0, block_size:
 
 @dataclass
 class CoreRig:
-    """The daemon's core without the FUSE adapter (tierfs/core.py), over a FileBackend
+    """The daemon's core without the FUSE adapter (tierfs/mount/core.py), over a FileBackend
     unless a backend was given."""
 
     src: str | None  # the FileBackend's directory, when the backend is one
@@ -160,7 +160,7 @@ async def core(tmp: str, *, chunk_size: int = 64 << 10, block_size: int = 16 << 
                bucket: str | None = None, root_prefix: str = "",
                statvfs: Callable[[str], os.statvfs_result] = plenty_of_space,
                **options: object) -> AsyncIterator[CoreRig]:
-    """The core as the daemon builds it (tierfs.core.build_core), with a fake clock and
+    """The core as the daemon builds it (tierfs.mount.core.build_core), with a fake clock and
     statvfs: the cache dir recovered, the journal recovered, background services running;
     on exit the services stop, background fills and read-ahead finish, and the chunk
     index is flushed and closed (as at unmount).

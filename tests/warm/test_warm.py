@@ -246,7 +246,7 @@ def test_control_socket_is_private_and_speaks_a_versioned_protocol(rgw, bucket, 
     import json
     import socket
 
-    from tierfs.ctl import ControlError, request, tierfs_mounts
+    from tierfs.cli.ctl import ControlError, request, tierfs_mounts
 
     with Mount(rgw, f"s3://{bucket}", tmp_path / "mnt", tmp_path / "cache", SMALL) as m:
         (mount,) = [t for t in tierfs_mounts() if t.mountpoint == m.mountpoint]

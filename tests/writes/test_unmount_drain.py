@@ -18,9 +18,7 @@ import time
 import trio
 import trio.testing
 
-from tierfs import daemon
-
-
+from tierfs.mount import daemon
 class _WriteBack:
     def __init__(self, pending: list[int], drained: bool):
         self._pending = pending
@@ -37,7 +35,7 @@ class _WriteBack:
 
 
 def test_nothing_pending_is_no_wait_and_a_wait_is_logged(caplog):
-    caplog.set_level(logging.INFO, logger="tierfs.daemon")
+    caplog.set_level(logging.INFO, logger="tierfs.mount.daemon")
 
     async def run(wb):
         await daemon._drain(wb, 60.0)

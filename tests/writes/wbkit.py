@@ -34,7 +34,7 @@ from tierfs.cache.disk import DiskTier
 from tierfs.cache.evictor import Evictor
 from tierfs.cache.memory import MemoryTier
 from tierfs.errors import AccessDenied, BackendUnavailable
-from tierfs.meta import MetaStore
+from tierfs.index.meta import MetaStore
 from tierfs.metrics import Metrics
 from tierfs.writeback import DirtyFile, WriteBack
 

@@ -88,7 +88,7 @@ class Backend(Protocol):
         """put only if no object has the key (S3: If-None-Match: *), atomically against
         every other writer: Exists if one has; Unsupported if the store refuses
         conditional writes. A store that ignores the condition overwrites silently:
-        tierfs/exclusive.py probes for that at mount."""
+        tierfs/files/exclusive.py probes for that at mount."""
 
     def copy(self, src: str, dst: str, src_etag: str | None,
              metadata: dict[str, str] | None = None) -> str:

@@ -16,7 +16,7 @@ time to EIO"):
    the body stalling once) after the GET began, so 2 adds at most one more GET budget
    however often it happens: the worst case is two GET budgets.
 4. the kernel asks again for a read that failed (about 3 times); the fetcher's memo of
-   failed chunks (tierfs/fetch.py, FAILED_MEMO_S) answers those re-asks with EIO at once.
+   failed chunks (tierfs/read/fetch.py, FAILED_MEMO_S) answers those re-asks with EIO at once.
 
 Not bounded by any of this: a store that keeps sending a few bytes at least once per
 backend_timeout (no stall is ever seen), and the wait for a free backend thread while

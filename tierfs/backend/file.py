@@ -44,7 +44,7 @@ def _mapped(fn):  # noqa: ANN001, ANN202 - a method decorator
 
 class FileBackend:
     name = "file"
-    exclusive_by_design = True  # put_new is link(2): tierfs/exclusive.py need not probe it
+    exclusive_by_design = True  # put_new is link(2): tierfs/files/exclusive.py need not probe it
 
     def __init__(self, root: str) -> None:
         self.root = os.path.abspath(root)

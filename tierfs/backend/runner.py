@@ -35,7 +35,7 @@ from typing import Callable, TypeVar
 import trio
 
 from ..errors import BackendError, TierfsError
-from ..health import BackendHealth
+from .health import BackendHealth
 from ..metrics import Metrics
 from .base import Backend, BackendEvents, ListPage, MultipartUpload, ObjectMeta
 
@@ -81,7 +81,7 @@ class AsyncBackend:
         self._warm_width = warm
         self._busy = 0  # requests in flight on the other lanes
         self._quiet_since = 0.0
-        # degraded mode (tierfs/health.py): refuses requests while the store is known down
+        # degraded mode (tierfs/backend/health.py): refuses requests while the store is known down
         # and learns from each outcome; set by the daemon, None in bare unit tests
         self.health: BackendHealth | None = None
 

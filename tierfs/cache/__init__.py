@@ -30,7 +30,7 @@ from typing import AsyncIterator, Callable, Iterable
 import trio
 
 from ..errors import CacheCorrupt
-from ..meta import ChunkRecord, MetaStore
+from ..index.meta import ChunkRecord, MetaStore
 from ..metrics import Metrics
 from ..tenants import DEFAULT, TenantMap
 from .admission import Admission, Fill
@@ -210,7 +210,7 @@ class ChunkCache:
         return ckey in self._index
 
     def opened_by(self, reader: str) -> None:
-        """A file was opened by `reader` (tierfs/callers.py): a new job's data is cached as
+        """A file was opened by `reader` (tierfs/telemetry/callers.py): a new job's data is cached as
         plain LRU caches it (admission.py, `job_opened`)."""
         self.admission.job_opened(reader)
 

@@ -66,7 +66,7 @@ stays below 0), so they keep their heat rules; a new job is where it trails, and
 A new job's first epoch reads exactly as a one-shot pass over new data would (bench/evict.py
 `epochs+pass`: the same accesses up to the pass's end), and that pass must not push out
 the set the running job reads again: no count can tell them apart. The daemon can: it
-knows who reads (tierfs/callers.py). When a Slurm job or a pod opens its first file here
+knows who reads (tierfs/telemetry/callers.py). When a Slurm job or a pod opens its first file here
 (`job_opened`: not among the last JOBS_KEPT seen), then for the next cache-full of
 accesses new data (never read before) takes the room of the least recently read chunk if
 LRU no longer holds it and it was not read since the job started: the last job's data
@@ -85,7 +85,7 @@ import enum
 from collections import OrderedDict
 from typing import Callable
 
-from ..meta import ChunkRecord
+from ..index.meta import ChunkRecord
 from .heat import RESTORED, decayed, ranked, value
 
 STALE = 1 / 1024  # a victim's decayed heat below this yields to any chunk
@@ -252,7 +252,7 @@ class Admission:
         return self.trail > max(TRAILING * self.chunks, TRAILING_MIN)
 
     def job_opened(self, reader: str) -> None:
-        """`reader` (tierfs/callers.py) opened a file: a Slurm job or pod not seen before
+        """`reader` (tierfs/telemetry/callers.py) opened a file: a Slurm job or pod not seen before
         opens a cache-full of accesses in which new data takes the room of data not read
         since (module doc, `yielding`). Users (uid:N) do not: what they read by hand is more
         often a pass than a working set."""

@@ -374,7 +374,7 @@ class DiskTier:
 
     def read_buffer(self, size: int) -> memoryview:
         """A writable view of `size` bytes of a reused read buffer (size >= REUSE_MIN), for a
-        GET's body (tierfs/fetch.py): a memory-tier entry of it comes back through `reuse`
+        GET's body (tierfs/read/fetch.py): a memory-tier entry of it comes back through `reuse`
         like a disk read's, so a cold pass does not page-fault fresh memory in per chunk
         either. Release the writable view once filled; hand out read-only views only."""
         return memoryview(self._reads.take(size))[:size]

@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from ..meta import MetaStore
+from ..index.meta import MetaStore
 
 log = logging.getLogger(__name__)
 

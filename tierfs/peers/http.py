@@ -1,5 +1,5 @@
 """The little HTTP/1.1 peers speak, over a trio stream (TCP, or TLS around it); the
-metrics endpoint (tierfs/metricsserve.py) serves its scrapes with the same server side.
+metrics endpoint (tierfs/mount/metricsserve.py) serves its scrapes with the same server side.
 
 The only module importing h11, which parses and frames heads; every h11, socket and TLS
 exception leaves here as a PeerError. Server side: one request head at a time (bounded;

@@ -13,7 +13,7 @@ Durability (the only copy of acknowledged data lives here until uploaded):
 - default mode: close and fsync upload and return only when S3 has the object;
 - write-back mode: close takes the untouched base chunks into the staging file (the
   version the writer saw is what gets uploaded, whatever happens to the object), fsyncs
-  the staging file and appends the file's record to the journal (tierfs/journal.py)
+  the staging file and appends the file's record to the journal (tierfs/index/journal.py)
   before returning; a worker uploads it. fsync always uploads.
 - a write() or truncate that fails (ENOSPC, EIO) marks the file failed: its fsync() and
   close() fail with the same errno and its bytes are not uploaded until a later write or
@@ -40,7 +40,7 @@ import trio
 from ..backend.runner import AsyncBackend
 from ..cache import ChunkCache, ObjectVersion
 from ..errors import BaseChanged, PreconditionFailed, TierfsError
-from ..meta import MetaStore
+from ..index.meta import MetaStore
 from ..metrics import Metrics
 from ..tasks import is_cancellation
 from .dirty import DirtyFile, State
@@ -147,7 +147,7 @@ class WriteBack:
         return await self.staging.read(d, offset, size)
 
     async def set_metadata(self, d: DirtyFile, metadata: dict[str, str]) -> bool:
-        """The metadata d's upload carries (mode, owner, times: tierfs.attrs). False when d
+        """The metadata d's upload carries (mode, owner, times: tierfs.index.attrs). False when d
         was uploaded and forgotten meanwhile: then the caller changes the object itself."""
         if metadata == d.metadata:
             return self.files.get(d.ino) is d

@@ -25,7 +25,7 @@ import trio
 
 from ..backend.runner import AsyncBackend
 from ..errors import AccessDenied, NoSuchBucket, NotFound, PreconditionFailed, TierfsError
-from ..meta import MetaStore
+from ..index.meta import MetaStore
 from ..metrics import Metrics
 
 log = logging.getLogger("tierfs.writeback")

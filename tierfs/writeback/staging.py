@@ -6,7 +6,7 @@ as it was when opened) through the chunk cache. A partial write into a base chun
 that chunk first. Every materialized chunk counts against the cache budget as unsaved
 (never evicted); a writer waits up to --dirty-wait for room, then gets ENOSPC.
 
-The journal record of a file (tierfs/journal.py through MetaStore) says what a restart
+The journal record of a file (tierfs/index/journal.py through MetaStore) says what a restart
 must upload: key, base, size, which chunks are in the staging file, metadata. It is
 written after the staging file is fsynced, so a record never names bytes not on disk.
 No locking here: WriteBack calls in with the file's lock held.
@@ -23,7 +23,7 @@ import trio
 
 from ..cache import ChunkCache, ObjectVersion
 from ..errors import BaseChanged, NoSpace, PreconditionFailed
-from ..meta import MetaStore
+from ..index.meta import MetaStore
 from .dirty import DirtyFile, State, staging_io, uncover
 
 log = logging.getLogger("tierfs.writeback")
