@@ -48,7 +48,7 @@ from tierfs.cache.evictor import Evictor  # noqa: E402
 from tierfs.cache.heat import PER_CACHE, HalfLife, touched  # noqa: E402
 from tierfs.cache.keys import ObjectVersion  # noqa: E402
 from tierfs.config import MountConfig  # noqa: E402
-from tierfs.index.meta import ChunkRecord  # noqa: E402
+from tierfs.index.chunks import ChunkRecord  # noqa: E402
 
 _DEFAULTS = MountConfig.model_fields
 GOAL = 0.9  # of OPT (issue 15, item 5)

@@ -7,7 +7,7 @@ import os
 import pytest
 
 from tierfs.errors import AccessDenied, BackendUnavailable, StaleObject
-from tierfs.index.meta import ROOT_INO
+from tierfs.index.inodes import ROOT_INO
 
 from backends import closed_port, s3_backend, use_rgw_credentials
 from unit.unitkit import core, sample  # tests/unit/unitkit.py

@@ -108,14 +108,14 @@ async def test_what_is_flushed_is_what_a_restart_starts_from(tmp_path):
         # ones stay (one per hour step)
         clock.advance(an.DAY + 10)
         await b.flush()
-        assert not [k for k, _ in meta.analytics("series/5m/")
+        assert not [k for k, _ in meta.analytics.records("series/5m/")
                     if int(k.rpartition("/")[2]) < int((clock.now - an.DAY) // 300)]
-        assert len(meta.analytics("series/1h/")) >= 2
-        meta.put_analytics({"prefix/bad": {"read": "no"}, "junk": [1]})
+        assert len(meta.analytics.records("series/1h/")) >= 2
+        meta.analytics.put({"prefix/bad": {"read": "no"}, "junk": [1]})
         c = Analytics(meta, clock=clock)  # a record that does not parse is dropped, not fatal
         assert "bad" not in c.prefixes()
         await c.flush()
-        assert not [k for k, _ in meta.analytics() if k in ("prefix/bad", "junk")]
+        assert not [k for k, _ in meta.analytics.records() if k in ("prefix/bad", "junk")]
     finally:
         meta.close()
 

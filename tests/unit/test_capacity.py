@@ -109,14 +109,14 @@ def test_the_index_keeps_the_same_bounded_tiers(tmp_path):
         hourly = [Sample(T0 + 1.5 * DAY + i * 3600.0, i, 0, 0, 0, 1) for i in range(31 * 24)]
         for s in samples + hourly:  # a day and a half at 5 min, then a month at 1 h
             for tier in TIERS:
-                meta.put_capacity(tier.name, int(s.t // tier.step_s), s.record(),
+                meta.capacity.put(tier.name, int(s.t // tier.step_s), s.record(),
                                   drop_before=int((s.t - tier.keep_s) // tier.step_s))
         now = hourly[-1].t
         want = downsample(samples + hourly, now)
         for tier in TIERS:
-            got = [Sample.from_record(r) for _, r in meta.capacity(tier.name)]
+            got = [Sample.from_record(r) for _, r in meta.capacity.samples(tier.name)]
             assert got == want[tier.name], tier.name
-        assert len(meta.capacity("5m")) <= 289 and len(meta.capacity("1h")) <= 721
+        assert len(meta.capacity.samples("5m")) <= 289 and len(meta.capacity.samples("1h")) <= 721
     finally:
         meta.close()
 

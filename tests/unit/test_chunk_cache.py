@@ -11,6 +11,7 @@ import pytest
 
 from tierfs.cache.heat import touched
 from tierfs.cache.keys import ObjectVersion, chunk_name
+from tierfs.index.env import CHUNK_FORMAT_KEY, INFO
 from tierfs.index.meta import MetaStore
 
 from unitkit import SOURCE, chunk_files, make_cache, sample
@@ -130,7 +131,7 @@ async def test_corrupt_chunk_is_dropped_and_reported_as_a_miss(root):
         assert not rig.cache.has(ckey)
         assert rig.cache.used_bytes == 0
         await rig.cache.flush_index()
-        assert rig.meta.chunk(ckey) is None
+        assert rig.meta.chunks.get(ckey) is None
         # the next fill stores the good bytes again
         await rig.cache.fill(OBJ, ckey, data)
         assert bytes((await rig.cache.read(ckey, 0, 3, touch=True))[0]) == data
@@ -203,7 +204,7 @@ async def test_recover_keeps_indexed_chunks_and_drops_the_rest(root):
         assert rig.cache.used_bytes == sum(len(filled[key]) for key in survivors)
         assert not os.path.exists(rig.disk.path(orphan))
         assert os.listdir(rig.disk.tmp_dir) == []
-        assert [key for key, _ in rig.meta.chunks()] == sorted(survivors)
+        assert [key for key, _ in rig.meta.chunks.all()] == sorted(survivors)
         assert sample(rig.metrics, "tierfs_cache_bytes", {"tier": "disk"}) == rig.cache.used_bytes
     finally:
         rig.close()
@@ -245,7 +246,7 @@ async def test_flush_index_persists_heat_and_last_access(root):
 
     meta = MetaStore(os.path.join(root, "index"), SOURCE, map_size=64 << 20)
     try:
-        stored = {k: (r.heat, r.last_access) for k, r in meta.chunks()}
+        stored = {k: (r.heat, r.last_access) for k, r in meta.chunks.all()}
     finally:
         meta.close()
     assert stored[hot] == (pytest.approx(expected_heat), t0 + 40)
@@ -259,7 +260,7 @@ async def test_flush_index_persists_heat_and_last_access(root):
         rig.clock.advance(100)
         await rig.cache.read(hot, 0, 0, touch=True)
         await rig.cache.flush_index()
-        assert rig.meta.chunk(hot).heat == pytest.approx(expected_heat / 2 + 1)
+        assert rig.meta.chunks.get(hot).heat == pytest.approx(expected_heat / 2 + 1)
     finally:
         rig.close()
 
@@ -281,7 +282,7 @@ async def test_flush_records_the_object_of_each_chunk(root):
     try:
         await rig.cache.fill(OBJ, OBJ.chunk_key(0), chunk_data(0))
         await rig.cache.flush_index()
-        assert rig.meta.object_info(OBJ.oid) == {"bucket": "bucket", "key": "data.bin",
+        assert rig.meta.chunks.object_info(OBJ.oid) == {"bucket": "bucket", "key": "data.bin",
                                                  "etag": "etag-1", "size": OBJ.size}
     finally:
         rig.close()
@@ -305,21 +306,21 @@ async def test_chunk_records_of_an_older_cache_format_are_dropped_at_mount(root,
     rig = make_cache(root, cache_size=64 * CHUNK)
     filled = await fill_some(rig, 3)
     rig.meta.put_dirty(42, {"size": 5})
-    with rig.meta.env.begin(write=True) as txn:
-        txn.delete(b"chunk_format", db=rig.meta._info)
+    with rig.meta.env.begin(write=True, db=rig.meta.env.db(INFO)) as txn:
+        txn.delete(CHUNK_FORMAT_KEY)
     rig.close()
 
-    caplog.set_level(logging.INFO, logger="tierfs.index.meta")
+    caplog.set_level(logging.INFO, logger="tierfs.index.chunks")
     rig = make_cache(root, cache_size=64 * CHUNK)
     try:
         said = [r.getMessage() for r in caplog.records if "cache format" in r.getMessage()]
         assert len(said) == 1 and "3 chunk records of cache format 1 dropped" in said[0]
-        assert list(rig.meta.chunks()) == []
+        assert list(rig.meta.chunks.all()) == []
         assert rig.cache.recover() == (0, 3)
         assert chunk_files(root) == {}
         for key in filled:
             assert await rig.cache.read(key, 0, 3, touch=True) is None
-        assert [ino for ino, _ in rig.meta.dirty_records()] == [42]
+        assert [ino for ino, _ in rig.meta.journal.dirty_records()] == [42]
         await fill_some(rig, 1)
     finally:
         rig.close()

@@ -24,7 +24,7 @@ import trio
 
 from tierfs.backend.file import FileBackend
 from tierfs.errors import BackendError
-from tierfs.index.meta import ROOT_INO
+from tierfs.index.inodes import ROOT_INO
 from tierfs.tasks import leaves
 
 from faultkit import FaultBackend, Hang, InjectedBug, error, unavailable, unexpected
@@ -293,13 +293,13 @@ async def test_failed_orphan_cleanup_runs_again(tmp_path, caplog, monkeypatch):
     inner.upload_part("orphan", upload_id, 1, b"x" * 1000)
     _, _, rig = fault_core(tmp_path)
     async with rig as c:
-        c.core.writeback.meta.put_upload(upload_id, "orphan")
+        c.core.writeback.meta.journal.put_upload(upload_id, "orphan")
     calls: list = []
     monkeypatch.setattr(WriteBack, "run_orphan_cleanup",
                         fail_first(1, WriteBack.run_orphan_cleanup, calls))
     _, _, rig = fault_core(tmp_path, FaultBackend(inner))
     async with rig as c:
-        await eventually(lambda: not c.core.writeback.meta.uploads())
+        await eventually(lambda: not c.core.writeback.meta.journal.uploads())
         assert len(calls) == 2 and c.internal_errors("orphan-cleanup") == 1
         await eventually(lambda: tracebacks(caplog, InjectedBug))
         assert inner.mpu_list("orphan") == []
@@ -400,7 +400,7 @@ async def test_orphan_cleanup_meets_a_raw_backend_exception(tmp_path, caplog):
     upload_id = inner.mpu_create("orphan")
     _, _, rig = fault_core(tmp_path)
     async with rig as c:
-        c.core.writeback.meta.put_upload(upload_id, "orphan")
+        c.core.writeback.meta.journal.put_upload(upload_id, "orphan")
     fb = FaultBackend(inner, seed=3)
     rule = fb.inject("mpu_abort", unexpected(), count=1)
     _, _, rig = fault_core(tmp_path, fb)

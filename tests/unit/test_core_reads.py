@@ -11,7 +11,7 @@ import pytest
 import trio
 
 from tierfs.errors import IsADirectory, NameTooLong, NotADirectory, NotFound, StaleObject
-from tierfs.index.meta import ROOT_INO
+from tierfs.index.inodes import ROOT_INO
 from tierfs.read.prefetch import ReadPattern
 
 from unitkit import core, resolve, sample, write

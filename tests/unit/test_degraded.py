@@ -17,7 +17,7 @@ import trio
 from tierfs.backend.file import FileBackend
 from tierfs.errors import (AccessDenied, BackendError, NotFound, RecentFailure, StoreDown,
                            TierfsError)
-from tierfs.index.meta import ROOT_INO
+from tierfs.index.inodes import ROOT_INO
 
 from faultkit import Action, FaultBackend, Hang, error, unavailable
 from unitkit import core, resolve, write

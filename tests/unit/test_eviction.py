@@ -17,7 +17,7 @@ from tierfs.cache.admission import (ABANDONED, MARGIN, MIN_GAP, RESTORED_KEPT, S
 from tierfs.cache.heat import RESTORED, UNREAD_WRITTEN
 from tierfs.cache.keys import ObjectVersion
 from tierfs.telemetry.callers import Callers
-from tierfs.index.meta import ChunkRecord
+from tierfs.index.chunks import ChunkRecord
 
 from unitkit import chunk_files, core, make_cache, resolve, sample, statvfs_result, write
 

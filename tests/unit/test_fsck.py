@@ -15,7 +15,10 @@ from pathlib import Path
 from tierfs.cache.disk import DiskTier
 from tierfs.cache.keys import ObjectVersion, chunk_name
 from tierfs.index.journal import HEADER
-from tierfs.index.meta import FILE, ROOT_INO, ChunkRecord, MetaStore
+from tierfs.index.attrs import FILE
+from tierfs.index.chunks import ChunkRecord
+from tierfs.index.inodes import ROOT_INO
+from tierfs.index.meta import MetaStore
 
 SRC = "s3://bucket/"
 BLOCK = 4096
@@ -34,8 +37,8 @@ def build(root: Path) -> dict:
     for i in range(6):
         crcs = disk.write(OBJ.chunk_key(i), chunk_bytes(i))
         puts[OBJ.chunk_key(i)] = ChunkRecord(9000, 1.0, 1.0, crcs)
-    meta.apply_chunks(puts, [])
-    f = meta.upsert(ROOT_INO, b"ckpt.pt", FILE, 0, 1.0, "", "ckpt.pt", 1.0)
+    meta.chunks.apply(puts, [])
+    f = meta.inodes.upsert(ROOT_INO, b"ckpt.pt", FILE, 0, 1.0, "", "ckpt.pt", 1.0)
     os.makedirs(root / "dirty", exist_ok=True)
     staging = root / "dirty" / f"{f.ino}-abc"
     staging.write_bytes(b"unsaved")
@@ -120,7 +123,7 @@ def test_repair_fixes_what_it_found_and_keeps_unsaved_data(tmp_path):
     assert "3 chunk files" in again.stdout
     m = MetaStore(str(root / "index"), SRC, map_size=64 << 20)  # and a mount would start
     try:
-        assert [ino for ino, _ in m.dirty_records()] == [built["ino"]]
+        assert [ino for ino, _ in m.journal.dirty_records()] == [built["ino"]]
     finally:
         m.close()
 

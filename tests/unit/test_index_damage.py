@@ -19,12 +19,16 @@ from pathlib import Path
 import pytest
 import trio
 
-from tierfs.index import meta as metamod
+from tierfs.index import probe as probemod
 from tierfs.backend.file import FileBackend
 from tierfs.cache.disk import DiskTier
 from tierfs.cache.keys import ObjectVersion
 from tierfs.errors import BackendError
-from tierfs.index.meta import DIR, FILE, ROOT_INO, ChunkRecord, MetaStore, check_meta_pages
+from tierfs.index.attrs import DIR, FILE
+from tierfs.index.chunks import ChunkRecord
+from tierfs.index.inodes import ROOT_INO
+from tierfs.index.meta import MetaStore
+from tierfs.index.probe import check_meta_pages
 
 from unitkit import core
 
@@ -49,12 +53,12 @@ def build(root: Path) -> dict:
         key = obj.chunk_key(i)
         crcs = disk.write(key, chunk_bytes(i))
         puts[key] = ChunkRecord(len(chunk_bytes(i)), 1.0, 1.0, crcs)
-    meta.apply_chunks(puts, [], {obj.oid: {"bucket": "bucket", "key": "data.bin",
+    meta.chunks.apply(puts, [], {obj.oid: {"bucket": "bucket", "key": "data.bin",
                                            "etag": "etag1", "size": obj.size}})
-    meta.store_listing(ROOT_INO, [(MARK + b"%05d" % n, FILE, 1, 1.0, "e", f"x{n}")
+    meta.inodes.store_listing(ROOT_INO, [(MARK + b"%05d" % n, FILE, 1, 1.0, "e", f"x{n}")
                                   for n in range(3000)], now=1.0)
-    d = meta.upsert(ROOT_INO, b"ckpt", DIR, 0, 1.0, "", "ckpt/", 1.0)
-    f = meta.upsert(d.ino, b"step9.pt", FILE, 0, 1.0, "", "ckpt/step9.pt", 1.0)
+    d = meta.inodes.upsert(ROOT_INO, b"ckpt", DIR, 0, 1.0, "", "ckpt/", 1.0)
+    f = meta.inodes.upsert(d.ino, b"step9.pt", FILE, 0, 1.0, "", "ckpt/step9.pt", 1.0)
     os.makedirs(root / "dirty", exist_ok=True)
     staging = root / "dirty" / f"{f.ino}-abc"
     staging.write_bytes(b"unsaved")
@@ -76,7 +80,9 @@ from tierfs.cache.admission import Admission
 from tierfs.cache.evictor import Evictor
 from tierfs.cache.memory import MemoryTier
 from tierfs.errors import CacheCorrupt
-from tierfs.index.meta import FILE, MetaStore, ROOT_INO
+from tierfs.index.attrs import FILE
+from tierfs.index.inodes import ROOT_INO
+from tierfs.index.meta import MetaStore
 from tierfs.metrics import Metrics
 root = sys.argv[1]
 meta = MetaStore(root + "/index", "s3://bucket/", map_size=64 << 20)
@@ -86,17 +92,17 @@ cache = ChunkCache(meta, disk, MemoryTier(0), ev, Metrics(),
                    admission=Admission(60.0, 1024, 1 << 30))
 kept, dropped = cache.recover()
 chunks = {}
-for key, rec in meta.chunks():
+for key, rec in meta.chunks.all():
     try:
         data = disk.read_blocks(key, rec.length, rec.crcs, 0, cache.blocks_of(rec.length) - 1)
         chunks[key.hex()] = data.hex()
     except CacheCorrupt:
         chunks[key.hex()] = None
-d = meta.child(ROOT_INO, b"ckpt")
-f = meta.child(d.ino, b"step9.pt") if d is not None else None
-new = meta.upsert(ROOT_INO, b"brand-new", FILE, 1, 1.0, "e", "brand-new", 2.0)
+d = meta.inodes.child(ROOT_INO, b"ckpt")
+f = meta.inodes.child(d.ino, b"step9.pt") if d is not None else None
+new = meta.inodes.upsert(ROOT_INO, b"brand-new", FILE, 1, 1.0, "e", "brand-new", 2.0)
 print(json.dumps({"kept": kept, "dropped": dropped, "chunks": chunks,
-                  "dirty": meta.dirty_records(), "dir_ino": d and d.ino,
+                  "dirty": meta.journal.dirty_records(), "dir_ino": d and d.ino,
                   "file_ino": f and f.ino, "new_ino": new.ino}))
 meta.close()
 """
@@ -203,14 +209,14 @@ def test_a_probe_started_early_is_used_only_for_the_file_it_walked(tmp_path):
         build(root)
     garbage_in_the_middle(damaged)
     for root in (healthy, damaged, changed):
-        metamod.start_probe(str(root / "index"))
+        probemod.start_probe(str(root / "index"))
     garbage_in_the_middle(changed)  # before or after its early walk read it: found either way
-    assert metamod.probe_index(str(healthy / "index")) is None
-    assert "reading it" in metamod.probe_index(str(damaged / "index"))
-    assert "reading it" in metamod.probe_index(str(changed / "index"))
-    metamod.start_probe(str(healthy / "index"))
-    metamod.stop_probes()  # a start-up that failed before opening the index: reaped
-    assert metamod._early == {}
+    assert probemod.probe_index(str(healthy / "index")) is None
+    assert "reading it" in probemod.probe_index(str(damaged / "index"))
+    assert "reading it" in probemod.probe_index(str(changed / "index"))
+    probemod.start_probe(str(healthy / "index"))
+    probemod.stop_probes()  # a start-up that failed before opening the index: reaped
+    assert probemod._early == {}
 
 
 def test_meta_page_check_catches_truncation_without_mapping_the_file(tmp_path):
@@ -263,7 +269,7 @@ async def test_unsaved_writes_are_uploaded_after_the_index_is_lost(tmp_path):
         await rig.io.release(h.fh)
         backend.down = False  # the store answers again: the uploader's retry gets it in
         with trio.fail_after(90):
-            while not (src / "model.pt").exists() or rig.core.meta.dirty_records():
+            while not (src / "model.pt").exists() or rig.core.meta.journal.dirty_records():
                 await trio.sleep(0.1)
     data = (src / "model.pt").read_bytes()
     assert zlib.crc32(data) == zlib.crc32(payload) and data == payload

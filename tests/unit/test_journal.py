@@ -16,7 +16,9 @@ import pytest
 from tierfs.index import journal as journal_mod
 from tierfs.errors import NoSpace, StartupError
 from tierfs.index.journal import HEADER, Journal, JournalDamaged, scan_file
-from tierfs.index.meta import FILE, ROOT_INO, MetaStore
+from tierfs.index.attrs import FILE
+from tierfs.index.inodes import ROOT_INO
+from tierfs.index.meta import MetaStore
 
 SRC = "s3://bucket/"
 
@@ -192,18 +194,18 @@ def open_store(tmp_path, source=SRC):
 
 def test_metastore_keeps_the_journal_beside_the_index(tmp_path):
     m = open_store(tmp_path)
-    node = m.upsert(ROOT_INO, b"f", FILE, 1, 1.0, "e", "f", 1.0)
+    node = m.inodes.upsert(ROOT_INO, b"f", FILE, 1, 1.0, "e", "f", 1.0)
     m.put_dirty(node.ino, record("f"))
-    m.put_upload("up", "f")
+    m.journal.put_upload("up", "f")
     m.close()
     assert os.path.exists(tmp_path / "journal")
     m = open_store(tmp_path)
     try:
-        assert m.dirty_records() == [(node.ino, record("f"))]
-        assert m.uploads() == [("up", "f")]
-        m.delete_dirty(node.ino)
-        m.delete_upload("up")
-        assert m.dirty_records() == [] and m.uploads() == []
+        assert m.journal.dirty_records() == [(node.ino, record("f"))]
+        assert m.journal.uploads() == [("up", "f")]
+        m.journal.delete_dirty(node.ino)
+        m.journal.delete_upload("up")
+        assert m.journal.dirty_records() == [] and m.journal.uploads() == []
     finally:
         m.close()
 
@@ -245,17 +247,14 @@ def test_an_old_cache_dirs_journal_moves_out_of_the_index(tmp_path):
     open(tmp_path / "dirty" / "9-abc", "wb").close()
     m = open_store(tmp_path)
     try:
-        assert m.dirty_records() == [(9, record("old"))]
-        assert m.uploads() == [("up9", "old")]
-        env = m.env
-        for name in (b"dirty", b"uploads"):
-            with pytest.raises(lmdb.NotFoundError):
-                env.open_db(name, create=False)
+        assert m.journal.dirty_records() == [(9, record("old"))]
+        assert m.journal.uploads() == [("up9", "old")]
+        assert m.env.legacy_records() == {}  # both databases dropped
     finally:
         m.close()
     m = open_store(tmp_path)  # a second open finds it in the journal, once
     try:
-        assert m.dirty_records() == [(9, record("old"))]
+        assert m.journal.dirty_records() == [(9, record("old"))]
     finally:
         m.close()
 

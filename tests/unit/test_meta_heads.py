@@ -11,7 +11,7 @@ from faultkit import FaultBackend, unavailable
 
 from tierfs.index.attrs import DIR, FIFO, FILE, Attrs
 from tierfs.backend.file import FileBackend
-from tierfs.index.meta import ROOT_INO
+from tierfs.index.inodes import ROOT_INO
 from unitkit import core, sample
 
 OTHER_NODE = Attrs(mode=0o600, uid=1234, gid=5678, mtime_ns=1_500_000_000_000_000_001)
@@ -32,7 +32,7 @@ def tree(backend) -> None:
 
 def shown(c) -> dict[bytes, tuple[int, int | None, int | None]]:
     return {name: (node.kind, node.attrs.mode, node.attrs.uid)
-            for name, node in c.ns.meta.children(ROOT_INO)}
+            for name, node in c.ns.meta.inodes.children(ROOT_INO)}
 
 
 @pytest.mark.parametrize("option,big,private", [
@@ -63,7 +63,7 @@ async def test_a_directorys_own_listing_reads_its_marker(tmp_path):
     async with core(str(tmp_path)) as c:  # single user, default 0
         tree(c.backend)
         await c.ns.listdir(ROOT_INO)
-        private = c.ns.meta.child(ROOT_INO, b"private")
+        private = c.ns.meta.inodes.child(ROOT_INO, b"private")
         assert private.attrs.mode is None  # not shown yet: only listed as a prefix
         await c.ns.listdir(private.ino)
         private = c.ns.inode(private.ino)

@@ -14,7 +14,7 @@ import trio
 
 from tierfs.backend.file import FileBackend
 from tierfs.cache import ObjectVersion
-from tierfs.index.meta import ROOT_INO
+from tierfs.index.inodes import ROOT_INO
 from tierfs.peers import TIMEOUT_STRIKES
 from unitkit import core, sample, write
 

@@ -6,7 +6,8 @@ import os
 
 from tierfs.cache.evictor import Evictor
 from tierfs.cache.pins import Pins
-from tierfs.index.meta import ChunkRecord, MetaStore
+from tierfs.index.chunks import ChunkRecord
+from tierfs.index.meta import MetaStore
 
 A, B, C = b"a" * 16, b"b" * 16, b"c" * 16
 

@@ -11,7 +11,7 @@ import trio
 
 from tierfs.cli import ctl
 from tierfs.mount.control import ControlServer, prepare_socket_dir
-from tierfs.index.meta import ROOT_INO
+from tierfs.index.inodes import ROOT_INO
 from tierfs.runpaths import control_socket
 
 from unitkit import core

@@ -307,7 +307,7 @@ async def test_pinning_again_never_shortens_an_objects_deadline(tmp_path):
 
 async def test_unsaved_writes_count_to_the_tenant_of_their_file(tmp_path):
     # the write path names the file: its dirty bytes are its tenant's, until uploaded
-    from tierfs.index.meta import ROOT_INO
+    from tierfs.index.inodes import ROOT_INO
 
     async with core(str(tmp_path), tenants=tenants(**TWO)) as c:
         a = await c.ns.mkdir(ROOT_INO, b"a", 0o755)

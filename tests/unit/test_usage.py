@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import trio
 
+from tierfs.index.env import USAGE
 from tierfs.index.meta import MetaStore
 from tierfs.metrics import Metrics
 from tierfs.telemetry.usage import Tally, Usage
@@ -108,23 +109,23 @@ async def test_usage_survives_a_restart(tmp_path):
             "default": Tally({"memory": 5}, 0.0, clock.now, clock.now)}
         assert set(again.by_reader()) == {"job:7", "job:8"}
         assert again.reader("job:7").read == {"backend": 10, "disk": 20}
-        assert {k for k, _ in meta.usage()} == {"tenant/vision", "tenant/default",
+        assert {k for k, _ in meta.usage.records()} == {"tenant/vision", "tenant/default",
                                                 "reader/job:7", "reader/job:8"}
     finally:
         meta.close()
 
 
 async def test_bad_stored_records_are_skipped_and_removed(meta):
-    meta.put_usage({"tenant/ok": {"read": {"disk": 4}, "stall_s": 0, "first": 1, "last": 2},
+    meta.usage.put({"tenant/ok": {"read": {"disk": 4}, "stall_s": 0, "first": 1, "last": 2},
                     "tenant/bad": {"read": "nope"}, "reader/job:1": {"stall_s": 1},
                     "other/x": {"read": {}, "stall_s": 0, "first": 0, "last": 0}})
-    with meta.env.begin(write=True, db=meta._usage) as txn:
+    with meta.env.begin(write=True, db=meta.env.db(USAGE)) as txn:
         txn.put(b"reader/job:2", b"\xff not json")
     u = Usage(meta, Metrics(), clock=FakeClock())
     assert u.by_tenant() == {"ok": Tally({"disk": 4}, 0.0, 1.0, 2.0)}
     assert u.by_reader() == {}
     await u.flush()
-    assert [k for k, _ in meta.usage()] == ["tenant/ok"]
+    assert [k for k, _ in meta.usage.records()] == ["tenant/ok"]
 
 
 async def test_the_flusher_writes_every_interval(meta):
@@ -133,7 +134,7 @@ async def test_the_flusher_writes_every_interval(meta):
     async with trio.open_nursery() as n:
         n.start_soon(u.run_flusher, 0.01)
         with trio.fail_after(10):
-            while not meta.usage():
+            while not meta.usage.records():
                 await trio.sleep(0.01)
         n.cancel_scope.cancel()
-    assert dict(meta.usage())["reader/uid:5"]["read"] == {"disk": 9}
+    assert dict(meta.usage.records())["reader/uid:5"]["read"] == {"disk": 9}

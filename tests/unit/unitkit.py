@@ -22,7 +22,8 @@ from tierfs.config import MountConfig, Source
 from tierfs.mount.core import Core, build_core
 from tierfs.read.fetch import Fetcher
 from tierfs.files.fileio import FileIO
-from tierfs.index.meta import ROOT_INO, MetaStore
+from tierfs.index.inodes import ROOT_INO
+from tierfs.index.meta import MetaStore
 from tierfs.metrics import Metrics
 from tierfs.files.namespace import Namespace
 

@@ -73,7 +73,7 @@ async def test_parts_are_sent_while_writing_and_close_finishes(tmp_path):
         await close(r, d, final)
         assert fb.calls["upload_part"] == 4  # nothing sent twice
         await check_object(r, inner, "s.bin", data, final)
-        await r.wait_for(lambda: not r.meta.uploads())
+        await r.wait_for(lambda: not r.meta.journal.uploads())
 
 
 async def test_overwrite_and_truncate_of_sent_parts_resend_them(tmp_path):
@@ -112,7 +112,7 @@ async def test_random_order_writes_and_a_file_cut_to_one_part(tmp_path):
         await r.wb.truncate(d, 5 * MiB)
         await close(r, d, {})
         await check_object(r, inner, "one.bin", data[:5 * MiB], {})
-        await r.wait_for(lambda: not r.meta.uploads())
+        await r.wait_for(lambda: not r.meta.journal.uploads())
         assert not inner.mpu_list("one.bin")
 
 
@@ -126,7 +126,7 @@ async def test_unlink_while_streaming_aborts_the_upload(tmp_path):
         async with r.wb.superseding(d):
             pass  # the name is deleted on the store here (FileIO.unlink)
         await r.wb.release(d)
-        await r.wait_for(lambda: not inner.mpu_list("u.bin") and not r.meta.uploads())
+        await r.wait_for(lambda: not inner.mpu_list("u.bin") and not r.meta.journal.uploads())
         await r.wait_for(lambda: r.cache.chunk_count == 0)  # provisional chunks dropped
 
 
@@ -147,7 +147,7 @@ async def test_failed_background_parts_and_fsync_midway(tmp_path):
         await close(r, d, {"tierfs-mtime": "2.0"})
         # parts 1-3 are copied server-side from the version fsync uploaded: no CRCs
         await check_object(r, inner, "f.bin", data + more, {"tierfs-mtime": "2.0"}, crcs=False)
-        await r.wait_for(lambda: not r.meta.uploads())
+        await r.wait_for(lambda: not r.meta.journal.uploads())
 
 
 async def test_store_down_at_close_keeps_the_file_and_uploads_it_later(tmp_path):
@@ -168,7 +168,7 @@ async def test_store_down_at_close_keeps_the_file_and_uploads_it_later(tmp_path)
         fb.down = False
         await r.settled()
         await check_object(r, inner, "d.bin", data, {})
-        await r.wait_for(lambda: not r.meta.uploads() and not inner.mpu_list("d.bin"))
+        await r.wait_for(lambda: not r.meta.journal.uploads() and not inner.mpu_list("d.bin"))
 
 
 async def test_a_file_too_large_to_copy_keeps_its_stream_and_first_metadata(tmp_path, monkeypatch):
@@ -243,7 +243,7 @@ async def test_a_saved_file_that_cannot_be_cached_is_still_saved(tmp_path, monke
                                               {"outcome": "success"}) == 1
         bugs = 0 if isinstance(failure, OSError) else 1
         assert r.sample("tierfs_internal_errors_total", {"task": "upload"}) == bugs
-        assert not list(r.meta.dirty_records()) and r.cache.dirty_bytes == 0
+        assert not list(r.meta.journal.dirty_records()) and r.cache.dirty_bytes == 0
         assert r.cache._reserved == 0  # what did not move is released too
         assert os.listdir(r.wb.dir) == []
         new = ObjectVersion("bucket", "w.bin", meta.etag, SIZE)
@@ -284,7 +284,7 @@ async def test_a_journaled_file_is_unjournaled_before_its_staging_file_is_cut(tm
         real_move, records = r.wb.settler._move, []
 
         async def move(d, new, index):
-            records.append(len(list(r.meta.dirty_records())))
+            records.append(len(list(r.meta.journal.dirty_records())))
             await real_move(d, new, index)
 
         monkeypatch.setattr(r.wb.settler, "_move", move)

@@ -60,7 +60,7 @@ async def test_failed_parts_are_retried_and_the_object_is_exact(tmp_path):
         assert stored(inner, "big2.bin") == data2
         assert r.failures() >= 1
         assert not inner.mpu_list("big.bin") and not inner.mpu_list("big2.bin")
-        await r.wait_for(lambda: not r.meta.uploads())  # no upload left recorded
+        await r.wait_for(lambda: not r.meta.journal.uploads())  # no upload left recorded
 
 
 async def test_a_bug_during_an_upload_loses_no_file_and_no_worker(tmp_path):
@@ -111,7 +111,7 @@ async def test_store_down_then_back_uploads_without_remount_and_nothing_waits(tm
         fb.poisoned.clear()
         await r.settled()
         assert stored(inner, "f0.bin") == b""
-        await r.wait_for(lambda: not r.meta.uploads())
+        await r.wait_for(lambda: not r.meta.journal.uploads())
     assert not inner.mpu_list(list(files)[-1])
 
 
@@ -185,7 +185,7 @@ async def test_unmount_while_the_store_is_down_then_mount_again(tmp_path, where,
     async with wb_rig(tmp_path, fb2, bucket=bucket) as r:
         assert len(r.wb.files) == len(files)
         await r.settled()
-        await r.wait_for(lambda: not r.meta.uploads())
+        await r.wait_for(lambda: not r.meta.journal.uploads())
         # no upload this mount started was aborted under it (it would have restarted)
         multipart = sum(len(d) > 8 * MiB for d in files.values())
         assert fb2.calls["mpu_create"] == multipart
@@ -266,7 +266,7 @@ async def test_a_lost_create_answer_is_found_and_aborted_without_a_remount(tmp_p
         await r.write_file(2, "lost.bin", data)
         await r.settled()
         assert stored(inner, "lost.bin") == data
-        await r.wait_for(lambda: not inner.mpu_list("lost.bin") and not r.meta.uploads())
+        await r.wait_for(lambda: not inner.mpu_list("lost.bin") and not r.meta.journal.uploads())
         assert fb.calls["mpu_list"] >= 3 and fb.calls["mpu_create"] == 2
 
 

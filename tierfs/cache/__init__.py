@@ -30,7 +30,8 @@ from typing import AsyncIterator, Callable, Iterable
 import trio
 
 from ..errors import CacheCorrupt
-from ..index.meta import ChunkRecord, MetaStore
+from ..index.chunks import ChunkRecord
+from ..index.meta import MetaStore
 from ..metrics import Metrics
 from ..tenants import DEFAULT, TenantMap
 from .admission import Admission, Fill
@@ -140,7 +141,7 @@ class ChunkCache:
         present = self.disk.scan()
         dropped = []
         kept = []
-        for key, rec in self.meta.chunks():
+        for key, rec in self.meta.chunks.all():
             name = chunk_name(key)
             size = present.pop(name, None)
             # a record salvaged from a damaged index must at least have a CRC per block
@@ -152,7 +153,7 @@ class ChunkCache:
                 self.disk.delete_name(name)
         for name in present:  # files the index never recorded (crash before a flush)
             self.disk.delete_name(name)
-        self.meta.apply_chunks({}, dropped)
+        self.meta.chunks.apply({}, dropped)
         # tenants from the objects db (after the walk: one read transaction at a time);
         # oldest first, the order of `_written`
         kept.sort(key=lambda kr: kr[1].last_access)
@@ -447,7 +448,7 @@ class ChunkCache:
         """The tenant of an object id from the objects db (recovery: no ObjectVersion)."""
         tenant = self._oid_tenant.get(oid)
         if tenant is None:
-            info = self.meta.object_info(oid)
+            info = self.meta.chunks.object_info(oid)
             key = info.get("key") if info else None
             tenant = self.tenants.of(key) if isinstance(key, str) else DEFAULT
         return tenant
@@ -769,7 +770,7 @@ class ChunkCache:
         self._pending_puts, self._pending_deletes, self._pending_objects = {}, set(), {}
         # records are copied so later touches do not race the worker thread's pack()
         puts = {k: ChunkRecord(r.length, r.heat, r.last_access, r.crcs) for k, r in puts.items()}
-        await trio.to_thread.run_sync(self.meta.apply_chunks, puts, dels, objs)
+        await trio.to_thread.run_sync(self.meta.chunks.apply, puts, dels, objs)
 
     async def run_flusher(self, interval_s: float = 1.0) -> None:
         while True:

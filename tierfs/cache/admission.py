@@ -85,7 +85,7 @@ import enum
 from collections import OrderedDict
 from typing import Callable
 
-from ..index.meta import ChunkRecord
+from ..index.chunks import ChunkRecord
 from .heat import RESTORED, decayed, ranked, value
 
 STALE = 1 / 1024  # a victim's decayed heat below this yields to any chunk

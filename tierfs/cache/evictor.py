@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 from typing import Callable, Container, Iterable, Mapping
 
-from ..index.meta import ChunkRecord
+from ..index.chunks import ChunkRecord
 from .heat import eviction_order
 
 Owner = Callable[[bytes], str]  # chunk key -> tenant name

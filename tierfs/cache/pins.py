@@ -60,7 +60,7 @@ class Pins:
         self.on_change = on_change
         self.owners: dict[str, Pin] = {}
         self._count: dict[bytes, int] = {}  # oid -> number of owners pinning it
-        for owner, rec in meta.pins():
+        for owner, rec in meta.pins.all():
             self._merge(owner, {bytes.fromhex(o): s for o, s in rec["objects"].items()},
                         rec.get("expires"),
                         {bytes.fromhex(o): t for o, t in (rec.get("until") or {}).items()})
@@ -101,7 +101,7 @@ class Pins:
         pin = self._merge(owner, objects, expires,
                           {oid: now + ttl for oid, ttl in (ttls or {}).items()})
         if not owner.startswith(TRANSIENT_PREFIX):
-            self._meta.put_pin(owner, pin.record())
+            self._meta.pins.set(owner, pin.record())
 
     def release(self, owner: str) -> int:
         """Drop an owner's pins; returns how many objects it pinned."""
@@ -111,7 +111,7 @@ class Pins:
         for oid in pin.objects:
             self._uncount(oid)
         if not owner.startswith(TRANSIENT_PREFIX):
-            self._meta.put_pin(owner, None)
+            self._meta.pins.set(owner, None)
         return len(pin.objects)
 
     def release_objects(self, oids: set[bytes]) -> int:
@@ -129,7 +129,7 @@ class Pins:
             if not pin.objects:
                 self.release(owner)
             elif not owner.startswith(TRANSIENT_PREFIX):
-                self._meta.put_pin(owner, pin.record())
+                self._meta.pins.set(owner, pin.record())
         return dropped
 
     def expire(self) -> list[str]:
@@ -151,7 +151,7 @@ class Pins:
                 self._uncount(oid)
             log.info("pin of %s: %d objects expired (their tenant's pin_ttl)", owner, len(late))
             if not owner.startswith(TRANSIENT_PREFIX):
-                self._meta.put_pin(owner, pin.record())
+                self._meta.pins.set(owner, pin.record())
         return gone
 
     def _uncount(self, oid: bytes) -> None:

@@ -38,8 +38,10 @@ import lmdb
 
 from ..errors import TierfsError
 from ..index.journal import JOURNAL_NAME, JournalState, scan_file, write_file
-from ..index.meta import (ChunkRecord, MetaStore, chunk_format, probe_index, salvage_index,
-    set_aside)
+from ..index.chunks import ChunkRecord, chunk_format
+from ..index.env import CHUNK_FORMAT_KEY, CHUNKS, INFO, JOURNAL, SOURCE
+from ..index.meta import MetaStore
+from ..index.probe import probe_index, salvage_index, set_aside
 
 CLEAN, PROBLEMS, USAGE = 0, 1, 2
 _BLOCK_SIZES = [1 << n for n in range(12, 27)]  # 4 KiB .. 64 MiB: what --chunk-size allows
@@ -223,7 +225,7 @@ def _rewrite_without(jpath: str, ino: int) -> None:
 
 
 def _crcs_of(fmt: int) -> Callable[[bytes, int], Sequence[int]]:
-    """The block checksum of an index's chunk format (meta.CHUNK_FORMAT: 2 is CRC32C,
+    """The block checksum of an index's chunk format (tierfs.index.chunks.CHUNK_FORMAT: 2 is CRC32C,
     1 zlib's CRC32, which a mount of this tierfs drops but fsck still checks)."""
     if fmt == 1:
         return lambda data, bs: [zlib.crc32(data[i:i + bs])
@@ -292,7 +294,7 @@ def check_index(cache_dir: str, report: Report, problem: str | None) -> None:
                         readahead=False)
         try:
             try:
-                chunks_db = env.open_db(b"chunks", create=False)
+                chunks_db = env.open_db(CHUNKS, create=False)
             except lmdb.NotFoundError:
                 chunks_db = None
             bad: list[bytes] = []
@@ -342,8 +344,8 @@ def check_index(cache_dir: str, report: Report, problem: str | None) -> None:
 
 
 def _salvaged_source(index: str) -> str | None:
-    for k, v in salvage_index(index).records.get(b"info", ()):
-        if k == b"source":
+    for k, v in salvage_index(index).records.get(INFO, ()):
+        if k == SOURCE:
             return v.decode(errors="replace")
     return None
 
@@ -374,11 +376,11 @@ def fsck(cache_dir: str, *, repair: bool) -> Report:
 
 def _index_chunk_format(env: lmdb.Environment) -> int:
     try:
-        info = env.open_db(b"info", create=False)
+        info = env.open_db(INFO, create=False)
     except lmdb.NotFoundError:
         return 1
     with env.begin(db=info) as txn:
-        return chunk_format(txn.get(b"chunk_format"))
+        return chunk_format(txn.get(CHUNK_FORMAT_KEY))
 
 
 def _marked(index: str) -> bool:
@@ -388,11 +390,11 @@ def _marked(index: str) -> bool:
     env = lmdb.open(index, max_dbs=16, readonly=True, lock=False, readahead=False)
     try:
         try:
-            info = env.open_db(b"info", create=False)
+            info = env.open_db(INFO, create=False)
         except lmdb.NotFoundError:
             return False
         with env.begin(db=info) as txn:
-            return txn.get(b"journal") is not None
+            return txn.get(JOURNAL) is not None
     finally:
         env.close()
 

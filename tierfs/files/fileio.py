@@ -41,7 +41,7 @@ from ..telemetry.callers import Callers
 from ..errors import (BackendError, CrossDevice, Exists, FileTooBig, InvalidArgument,
     IsADirectory, NotADirectory, NotFound, PreconditionFailed, StaleObject)
 from ..read.fetch import Fetcher
-from ..index.meta import Inode
+from ..index.inodes import Inode
 from ..metrics import Metrics
 from .namespace import Caller, Namespace
 from .pagecache import UNSAVED, PageCache
@@ -380,7 +380,7 @@ class FileIO:
         node = self.ns.inode(d.ino)
         ctime = max(node.attrs.ctime_ns or 0, d.changed_ns)
         node.attrs = node.attrs.changed(mtime_ns=d.changed_ns, ctime_ns=ctime)
-        self.ns.meta.set_attrs(node.ino, node.attrs)
+        self.ns.meta.inodes.set_attrs(node.ino, node.attrs)
         d.changed_ns = None
         await self.wb.set_metadata(d, node.attrs.to_metadata(node.kind))
 

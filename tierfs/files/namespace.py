@@ -32,7 +32,8 @@ from ..errors import (AccessDenied, BackendError, InvalidArgument, IsADirectory,
     NoSuchBucket, NotADirectory, NotEmpty, NotFound, PreconditionFailed, StoreDown,
     TierfsError)
 from .exclusive import PROBE_NAME, ConditionalWrites, Taken
-from ..index.meta import ROOT_INO, Inode, MetaStore
+from ..index.inodes import ROOT_INO, Inode
+from ..index.meta import MetaStore
 from ..metrics import Metrics
 from .revalidation import Late, Revalidations
 from ..tasks import Tasks, leaves
@@ -111,7 +112,7 @@ class Namespace:
         return True
 
     def inode(self, ino: int) -> Inode:
-        node = self.meta.inode(ino)
+        node = self.meta.inodes.inode(ino)
         if node is None:
             raise NotFound(f"inode {ino} is unknown")
         if ino == ROOT_INO and node.key != self.root_prefix:
@@ -127,7 +128,7 @@ class Namespace:
         for part in key[len(self.root_prefix):].split("/"):
             if node is None or not part:
                 return None
-            node = self.meta.child(node.ino, part.encode())
+            node = self.meta.inodes.child(node.ino, part.encode())
         return node
 
     def nlink(self, node: Inode) -> int:
@@ -136,9 +137,9 @@ class Namespace:
         else: 1, or 0 once its name is gone (an open file after unlink)."""
         if not node.is_dir:
             return 1 if node.linked else 0
-        if self.meta.dir_listed_at(node.ino) is None:
+        if self.meta.inodes.dir_listed_at(node.ino) is None:
             return 1
-        return 2 + self.meta.subdirs(node.ino)
+        return 2 + self.meta.inodes.subdirs(node.ino)
 
     def _dir(self, ino: int) -> Inode:
         node = self.inode(ino)
@@ -149,7 +150,7 @@ class Namespace:
     async def listdir(self, ino: int) -> list[tuple[bytes, Inode]]:
         """All children of a directory in stable order, listing the backend if stale."""
         d = self._dir(ino)
-        listed_at = self.meta.dir_listed_at(ino)
+        listed_at = self.meta.inodes.dir_listed_at(ino)
         if self._fresh(listed_at):
             return self._children(ino)
         if listed_at is None:  # never listed: nothing to serve, wait for the store
@@ -166,7 +167,7 @@ class Namespace:
         return self._children(ino)
 
     def _children(self, ino: int) -> list[tuple[bytes, Inode]]:
-        return [(name, node) for name, node in self.meta.children(ino)
+        return [(name, node) for name, node in self.meta.inodes.children(ino)
                 if not self._ghost(parent=ino, name=name, node=node)]
 
     def _ghost(self, *, parent: int, name: bytes, node: Inode) -> bool:
@@ -178,7 +179,7 @@ class Namespace:
         if (node.kind != FILE or node.etag or node.validated_at >= self._started
                 or self._local(node.ino)):
             return False
-        self.meta.remove(parent, name)
+        self.meta.inodes.remove(parent, name)
         return True
 
     def _late(self) -> str:
@@ -194,7 +195,7 @@ class Namespace:
                 failed = self._list_failed.get(ino)
                 if failed is not None and failed is not failed_before:
                     raise failed  # it failed while we waited: do not wait it out again
-                if not self._fresh(self.meta.dir_listed_at(ino)):
+                if not self._fresh(self.meta.inodes.dir_listed_at(ino)):
                     try:
                         await self._list_into(d)
                     except TierfsError as exc:
@@ -211,7 +212,7 @@ class Namespace:
         if self._stale_logged.get(dir_ino) == outage:
             return
         self._stale_logged[dir_ino] = outage
-        d = self.meta.inode(dir_ino)
+        d = self.meta.inodes.inode(dir_ino)
         where = "/" + (d.key.removeprefix(self.root_prefix) if d and dir_ino != ROOT_INO else "")
         log.warning("cannot revalidate %s (%s): serving its cached entries until the store "
                     "answers", where, exc)
@@ -249,14 +250,14 @@ class Namespace:
             _, attrs = (await self._read_metadata(d.parent, {own: marker})).get(own, (DIR, None))
             if attrs is not None:
                 d.attrs = attrs
-                self.meta.set_attrs(d.ino, attrs)
+                self.meta.inodes.set_attrs(d.ino, attrs)
         now = self._clock()
         entries: list[tuple] = [(n.encode(), DIR, 0, now, "", prefix + n + "/",
                                  found.get(n, (DIR, None))[1]) for n in dirs]
         for n, o in files.items():
             kind, attrs = found.get(n, (FILE, None))
             entries.append((n.encode(), kind, o.size, o.mtime, o.etag, o.key, attrs))
-        self.meta.store_listing(d.ino, entries, now, keep=self._local, since=started)
+        self.meta.inodes.store_listing(d.ino, entries, now, keep=self._local, since=started)
         self._stale_logged.pop(d.ino, None)
 
     def _wants_head(self, parent: int, name: str, obj: ObjectMeta) -> bool:
@@ -266,7 +267,7 @@ class Namespace:
         read is not asked again."""
         if self.head_max_size < 0 or obj.size > self.head_max_size:
             return False
-        node = self.meta.child(parent, name.encode())
+        node = self.meta.inodes.child(parent, name.encode())
         if node is None:
             return True
         return node.attrs.seen != obj.etag and not self._local(node.ino)
@@ -308,7 +309,7 @@ class Namespace:
         """The attributes of subdirectories never seen before, from their markers: a
         multi-user mount must not show a directory another node made 0700 as 0755 until it
         is listed. A prefix without a marker is remembered as such (no second HEAD)."""
-        known = {n: self.meta.child(d.ino, n.encode()) or _UNSEEN for n in names}
+        known = {n: self.meta.inodes.child(d.ino, n.encode()) or _UNSEEN for n in names}
         new = {n for n, node in known.items() if node.attrs.seen is None}
         if not new:
             return {}
@@ -349,10 +350,10 @@ class Namespace:
         self._check_length(d, name)
         if sname in ("", ".", "..") or "/" in sname:
             raise NotFound(f"{sname!r}")
-        node = self.meta.child(parent, name)
+        node = self.meta.inodes.child(parent, name)
         if node is not None and self._ghost(parent=parent, name=name, node=node):
             node = None
-        if self._fresh(self.meta.dir_listed_at(parent)):
+        if self._fresh(self.meta.inodes.dir_listed_at(parent)):
             if node is None:
                 raise NotFound(f"{d.key}{sname}")
             return node
@@ -361,7 +362,7 @@ class Namespace:
         if (parent, name) in self._negative:
             raise NotFound(f"{d.key}{sname}")
         self._list_in_background(parent)
-        if node is None and self.meta.dir_listed_at(parent) is None:
+        if node is None and self.meta.inodes.dir_listed_at(parent) is None:
             return await self._lookup_remote(d, sname, name)  # never seen: wait, or EIO
         try:
             return await self._revalidations.within(
@@ -427,14 +428,14 @@ class Namespace:
                 found_attrs = await self._read_metadata(d.ino, {sname: marker})
                 attrs = found_attrs.get(sname, (DIR, None))[1]
             now = self._clock()
-            return self.meta.upsert(d.ino, name, DIR, 0, now, "", key + "/", now, attrs)
+            return self.meta.inodes.upsert(d.ino, name, DIR, 0, now, "", key + "/", now, attrs)
         obj = found.get("file")
         if isinstance(obj, ObjectMeta):
             kind, attrs = (await self._read_metadata(d.ino, {sname: obj})).get(sname, (FILE, None))
             now = self._clock()
-            return self.meta.upsert(d.ino, name, kind, obj.size, obj.mtime, obj.etag, key, now,
+            return self.meta.inodes.upsert(d.ino, name, kind, obj.size, obj.mtime, obj.etag, key, now,
                                     attrs)
-        self.meta.remove(d.ino, name)
+        self.meta.inodes.remove(d.ino, name)
         self._negative[(d.ino, name)] = True
         raise NotFound(key)
 
@@ -457,15 +458,15 @@ class Namespace:
             self.analytics.meta_request("head", node.key)
             meta = await self.backend.head(node.key)
         except NotFound:
-            self.meta.remove(node.parent, node.key.rpartition("/")[2].encode())
+            self.meta.inodes.remove(node.parent, node.key.rpartition("/")[2].encode())
             raise
         node.size, node.mtime, node.etag = meta.size, meta.mtime, meta.etag
         node.validated_at = self._clock()
-        self.meta.set_validated(node)
+        self.meta.inodes.set_validated(node)
         if node.attrs.seen != meta.etag:  # another version: its metadata is the truth
             _, attrs = from_metadata(meta.metadata or {}, meta.etag)
             node.attrs = attrs
-            self.meta.set_attrs(node.ino, attrs)
+            self.meta.inodes.set_attrs(node.ino, attrs)
         return node
 
     async def refresh(self, node: Inode) -> Inode:
@@ -506,7 +507,7 @@ class Namespace:
         if node.attrs.mtime_ns is None:  # keep what stat showed: the LIST's time
             node.attrs.mtime_ns = int(node.mtime * 1e9)
         if store:
-            self.meta.set_attrs(node.ino, node.attrs)
+            self.meta.inodes.set_attrs(node.ino, node.attrs)
         return node
 
     def _new_attrs(self, d: Inode, kind: int, perm: int, caller: Caller,
@@ -518,7 +519,7 @@ class Namespace:
         now = self._clock()
         self._negative.pop((d.ino, name), None)
         self.touch(d, data=True, now_ns=attrs.ctime_ns, store=False)
-        return self.meta.upsert(d.ino, name, kind, size, now, etag, key, now, attrs, d.attrs)
+        return self.meta.inodes.upsert(d.ino, name, kind, size, now, etag, key, now, attrs, d.attrs)
 
     def create_file(self, parent: int, name: bytes, perm: int, caller: Caller = Caller()) -> Inode:
         """A new, empty file known only here until its first upload."""
@@ -545,7 +546,7 @@ class Namespace:
             found = exc.found
             if found is not None:
                 kind, seen = from_metadata(found.metadata or {}, found.etag)
-                self.meta.upsert(d.ino, name, kind or FILE, found.size, found.mtime, found.etag,
+                self.meta.inodes.upsert(d.ino, name, kind or FILE, found.size, found.mtime, found.etag,
                                  key, self._clock(), seen)
             raise
         if meta is None:
@@ -561,7 +562,7 @@ class Namespace:
         meta = await self.backend.put(key, b"", attrs.to_metadata(DIR))
         attrs.seen = meta.etag
         node = self._created(d, name, DIR, 0, "", key, attrs)
-        self.meta.store_listing(node.ino, [], self._clock())  # known empty: no LIST needed
+        self.meta.inodes.store_listing(node.ino, [], self._clock())  # known empty: no LIST needed
         return node
 
     async def mknod(self, parent: int, name: bytes, kind: int, perm: int, rdev: int,
@@ -589,15 +590,15 @@ class Namespace:
         node = await self.lookup(parent, name)
         if not node.is_dir:
             raise NotADirectory(node.key)
-        if any(True for _ in self.meta.children(node.ino) if self._local(_[1].ino)):
+        if any(True for _ in self.meta.inodes.children(node.ino) if self._local(_[1].ino)):
             raise NotEmpty(node.key)
         self.analytics.meta_request("list", node.key)
         page = await self.backend.list(node.key, "/", None, 2)
         if page.prefixes or any(o.key != node.key for o in page.objects):
             raise NotEmpty(node.key)
         await self.backend.delete(node.key)
-        self.meta.remove(parent, name)
-        self.meta.forget_listing(node.ino)
+        self.meta.inodes.remove(parent, name)
+        self.meta.inodes.forget_listing(node.ino)
         self._negative[(parent, name)] = True
         self.touch(self.inode(parent), data=True)
 
@@ -607,7 +608,7 @@ class Namespace:
             raise IsADirectory(node.key)
         if node.etag:  # it exists in the bucket (a file never uploaded does not)
             await self.backend.delete(node.key)
-        self.meta.remove(parent, name)
+        self.meta.inodes.remove(parent, name)
         self._negative[(parent, name)] = True
         now_ns = self._now_ns()
         self.touch(self.inode(parent), data=True, now_ns=now_ns)
@@ -618,7 +619,7 @@ class Namespace:
         if node.attrs.symlink is None:
             target = await self.backend.get(node.key, 0, node.size, node.etag)
             node.attrs.symlink = target.decode(errors="surrogateescape")
-            self.meta.set_attrs(ino, node.attrs)
+            self.meta.inodes.set_attrs(ino, node.attrs)
         return node.attrs.symlink.encode(errors="surrogateescape")
 
     async def set_attrs(self, node: Inode, attrs: Attrs) -> Inode:
@@ -634,9 +635,9 @@ class Namespace:
                                            attrs.to_metadata(node.kind))
             node.etag, node.validated_at = etag, self._clock()
             attrs.seen = etag
-            self.meta.set_validated(node)
+            self.meta.inodes.set_validated(node)
         node.attrs = attrs
-        self.meta.set_attrs(node.ino, attrs)
+        self.meta.inodes.set_attrs(node.ino, attrs)
         return node
 
     async def list_tree(self, prefix: str, limit: int) -> list[ObjectMeta] | None:
@@ -657,7 +658,7 @@ class Namespace:
         self._negative.pop((new_parent, new_name), None)
         old_parent = node.parent
         self._negative[(old_parent, node.key.rstrip("/").rpartition("/")[2].encode())] = True
-        node = self.meta.move(node, new_parent, new_name, new_key)
+        node = self.meta.inodes.move(node, new_parent, new_name, new_key)
         now_ns = self._now_ns()
         for ino in {old_parent, new_parent}:
             self.touch(self.inode(ino), data=True, now_ns=now_ns)

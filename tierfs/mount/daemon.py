@@ -30,7 +30,7 @@ from .core import async_backend, build_core
 from ..errors import BackendError, StartupError
 from .fs import FuseOps
 from ..backend.health import PROBE_TIMEOUT_S, BackendHealth
-from ..index.meta import start_probe, stop_probes
+from ..index.probe import start_probe, stop_probes
 from ..metrics import Metrics
 from .metricsserve import MetricsServer
 from .mountinfo import Mount as MountEntry

@@ -27,7 +27,7 @@ from ..cache import ChunkCache
 from ..config import MountConfig
 from ..errors import InvalidArgument, ReadOnly
 from ..files.fileio import FileIO
-from ..index.meta import Inode
+from ..index.inodes import Inode
 from ..metrics import Metrics
 from ..files.namespace import Caller, Namespace
 from ..tasks import expected_error, sole_exception

@@ -44,7 +44,8 @@ from ..cache import ChunkCache, ObjectVersion
 from ..config import format_size
 from ..errors import InvalidArgument, NoSpace, NotFound, PreconditionFailed, TierfsError
 from ..read.fetch import Fetcher
-from ..index.meta import FILE, ROOT_INO, Inode
+from ..index.attrs import FILE
+from ..index.inodes import ROOT_INO, Inode
 from ..metrics import Metrics
 from ..files.namespace import Namespace
 from ..tasks import expected_error, sole_exception

@@ -356,7 +356,7 @@ class Analytics:
         nothing). Reads the index only: a worker thread may run it."""
         out: dict[float, Point] = {}
         for name, _, _ in reversed(SERIES_TIERS):
-            for _, raw in self.meta.analytics(f"{_SERIES}{name}/"):
+            for _, raw in self.meta.analytics.records(f"{_SERIES}{name}/"):
                 pt = Point.from_json(raw)
                 if pt is not None:
                     out[pt.t] = pt
@@ -379,10 +379,10 @@ class Analytics:
         thread runs it while reads go on."""
         view = CacheView()
         paths: dict[bytes, str | None] = {}
-        for ckey, rec in self.meta.chunks():
+        for ckey, rec in self.meta.chunks.all():
             oid = ckey[:16]
             if oid not in paths:
-                info = self.meta.object_info(oid)
+                info = self.meta.chunks.object_info(oid)
                 paths[oid] = self._rel(info["key"]) if info and "key" in info else None
             path = paths[oid]
             name = prefix_of(path, self.levels) if path is not None else "?"
@@ -394,7 +394,7 @@ class Analytics:
             band = "pinned" if oid in pinned else heat_band(heat)
             view.by_heat[band] = view.by_heat.get(band, 0) + rec.length
         wanted = set(wanted) | view.cached.keys()
-        for key, size in self.meta.files():
+        for key, size in self.meta.inodes.files():
             if key.startswith(self.root_prefix):
                 name = prefix_of(self._rel(key), self.levels)
                 if name in wanted:
@@ -405,7 +405,7 @@ class Analytics:
 
     def _restore(self) -> None:
         try:
-            records = self.meta.analytics()
+            records = self.meta.analytics.records()
         except Exception as exc:  # noqa: BLE001 - the analytics are a report: losing them is all
             log.warning("analytics kept in the index could not be read (%s); counting from "
                         "zero", exc)
@@ -466,9 +466,9 @@ class Analytics:
         thread)."""
         for name, step, keep in SERIES_TIERS:
             oldest = int((now - keep) // step)
-            deletes |= {k for k, _ in self.meta.analytics(f"{_SERIES}{name}/")
+            deletes |= {k for k, _ in self.meta.analytics.records(f"{_SERIES}{name}/")
                         if int(k.rpartition("/")[2]) < oldest}
-        self.meta.put_analytics(puts, deletes)
+        self.meta.analytics.put(puts, deletes)
 
     async def flush(self) -> None:
         """Write what changed since the last flush (one LMDB transaction, in a thread)."""

@@ -290,23 +290,23 @@ class CapacityHistory:
         second behind the cache's)."""
         mask = (1 << shift) - 1
         return [(ckey, self._tenant(ckey[:16]), rec.length, rec.last_access)
-                for ckey, rec in self.meta.chunks() if zlib.crc32(ckey) & mask == 0]
+                for ckey, rec in self.meta.chunks.all() if zlib.crc32(ckey) & mask == 0]
 
     def _tenant(self, oid: bytes) -> str:
         tenant = self._tenants.get(oid)
         if tenant is None:
-            info = self.meta.object_info(oid)
+            info = self.meta.chunks.object_info(oid)
             tenant = self.tenant_of(info["key"]) if info and "key" in info else "default"
             self._tenants[oid] = tenant
         return tenant
 
     def store(self, s: Sample) -> None:
         for tier in TIERS:
-            self.meta.put_capacity(tier.name, slot(s.t, tier), s.record(),
+            self.meta.capacity.put(tier.name, slot(s.t, tier), s.record(),
                                    drop_before=slot(s.t - tier.keep_s, tier))
 
     def history(self) -> list[Sample]:
-        tiers = {tier.name: [Sample.from_record(r) for _, r in self.meta.capacity(tier.name)]
+        tiers = {tier.name: [Sample.from_record(r) for _, r in self.meta.capacity.samples(tier.name)]
                  for tier in TIERS}
         return merged(tiers)
 

@@ -300,7 +300,7 @@ class Usage:
 
     def _restore(self) -> None:
         try:
-            records = self.meta.usage()
+            records = self.meta.usage.records()
         except Exception as exc:  # noqa: BLE001 - usage is a report: a bad record costs it only
             log.warning("usage kept in the index could not be read (%s); counting from zero",
                         exc)
@@ -355,7 +355,7 @@ class Usage:
         if not puts and not deletes:
             return
         try:
-            await trio.to_thread.run_sync(self.meta.put_usage, puts, deletes)
+            await trio.to_thread.run_sync(self.meta.usage.put, puts, deletes)
         except BaseException:
             # not written: write it with the next flush (newer values win there)
             for key in puts:

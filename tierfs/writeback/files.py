@@ -284,12 +284,12 @@ class WriteBack:
                       d.key, delay, exc_info=exc)
 
     def _set_inode(self, d: DirtyFile, new: ObjectVersion) -> None:
-        node = self.meta.inode(d.ino)
+        node = self.meta.inodes.inode(d.ino)
         if node is not None:
             node.size, node.etag, node.mtime = new.size, new.etag, self._clock()
             node.validated_at = self._clock()
             # the metadata it was uploaded with came from these attributes: no HEAD needed
-            self.meta.set_validated(node, node.attrs.changed(seen=new.etag))
+            self.meta.inodes.set_validated(node, node.attrs.changed(seen=new.etag))
 
     async def _after_upload(self, d: DirtyFile) -> None:
         if d.writers == 0:

@@ -69,7 +69,7 @@ class Uploads:
         """Completed or aborted by its owner: no longer recorded. The markers its creation
         left are cleanup's now."""
         self._owned.pop(upload_id, None)
-        await trio.to_thread.run_sync(self.meta.delete_upload, upload_id)
+        await trio.to_thread.run_sync(self.meta.journal.delete_upload, upload_id)
         if self.unowned():
             self.sweep_soon()
 
@@ -83,19 +83,19 @@ class Uploads:
             # recorded before it exists: if the answer is lost (or we crash), the marker
             # leads orphan cleanup to this key's uploads initiated while it was live.
             # journal appends fsync: off the trio thread
-            await trio.to_thread.run_sync(self.meta.put_upload, marker, key)
+            await trio.to_thread.run_sync(self.meta.journal.put_upload, marker, key)
             try:
                 upload_id = await self.backend.mpu_create(key, metadata)
             except FINAL:
                 answered = True  # the store said no: it created nothing
                 raise
             self._owned[upload_id] = key
-            await trio.to_thread.run_sync(self.meta.put_upload, upload_id, key)
+            await trio.to_thread.run_sync(self.meta.journal.put_upload, upload_id, key)
             return upload_id
         finally:
             del self._owned[marker]
             if answered:
-                await trio.to_thread.run_sync(self.meta.delete_upload, marker)
+                await trio.to_thread.run_sync(self.meta.journal.delete_upload, marker)
             else:
                 # stays recorded even on success: botocore may have retried a create whose
                 # first answer was lost, leaving an upload we do not know; cleanup finds it
@@ -104,7 +104,7 @@ class Uploads:
     # ---- cleanup ----------------------------------------------------------------------
 
     def unowned(self) -> bool:
-        return any(rid not in self._owned for rid, _ in self.meta.uploads())
+        return any(rid not in self._owned for rid, _ in self.meta.journal.uploads())
 
     def sweep_soon(self) -> None:
         self._wake.set()
@@ -139,7 +139,7 @@ class Uploads:
     async def _sweep_pass(self) -> bool:
         ok = True
         markers: dict[str, list[str]] = {}
-        for rid, key in self.meta.uploads():
+        for rid, key in self.meta.journal.uploads():
             if rid.startswith(_PENDING):
                 markers.setdefault(key, []).append(rid)
                 continue
@@ -162,7 +162,7 @@ class Uploads:
         if rid in self._owned or self.live(rid):
             return
         await self.backend.mpu_abort(key, rid)  # NoSuchUpload counts as done
-        await trio.to_thread.run_sync(self.meta.delete_upload, rid)
+        await trio.to_thread.run_sync(self.meta.journal.delete_upload, rid)
         if rid in self._given_up:  # an abandoned stream, a failed attempt of a file gone
             self._given_up.discard(rid)
             log.debug("aborted the upload of %r (id %s) this daemon gave up", key, rid)
@@ -189,7 +189,7 @@ class Uploads:
             log.info("aborted an upload of %r (id %s) whose creation was never answered",
                      key, u.upload_id)
         for m in markers:
-            await trio.to_thread.run_sync(self.meta.delete_upload, m)
+            await trio.to_thread.run_sync(self.meta.journal.delete_upload, m)
             self._marker_until.pop(m, None)
 
     def _marker_window(self, marker: str) -> tuple[float, float]:

@@ -29,14 +29,14 @@ def recover(wb: "WriteBack") -> int:
     """Requeue journaled files, delete staging files of unacknowledged ones: how many
     files were recovered."""
     keep = set()
-    for ino, rec in wb.meta.dirty_records():
+    for ino, rec in wb.meta.journal.dirty_records():
         path = rec["staging"]
         try:
             fd = os.open(path, os.O_RDWR)
         except FileNotFoundError:
             log.error("journaled file %r lost its staging file %s: cannot upload it",
                       rec["key"], path)
-            wb.meta.delete_dirty(ino)
+            wb.meta.journal.delete_dirty(ino)
             continue
         base = ObjectVersion(*rec["base"]) if rec["base"] else None
         d = DirtyFile(ino, rec["key"], base, rec["base_valid"], rec["size"], path, fd,

@@ -153,7 +153,7 @@ class Staging:
     async def unjournal(self, d: DirtyFile) -> None:
         """Uploaded: the staging file is no longer the only copy."""
         if d.journaled:
-            await trio.to_thread.run_sync(self.meta.delete_dirty, d.ino)
+            await trio.to_thread.run_sync(self.meta.journal.delete_dirty, d.ino)
             d.journaled = False
 
     def delete(self, d: DirtyFile) -> None:
@@ -167,4 +167,4 @@ class Staging:
         os.close(d.fd)
         os.unlink(d.staging)
         if d.journaled:
-            self.meta.delete_dirty(d.ino)
+            self.meta.journal.delete_dirty(d.ino)
