@@ -5,6 +5,10 @@
           .dir .client() -> boto3 S3 client, .env() -> s3_env(rgw)
   bucket  (function) name of a fresh, empty, uniquely named bucket on `rgw`; emptied and
           deleted afterwards
+  mounts  (function) the mount harness (mounting.Mounts) of `bucket` under tmp_path:
+          m = mounts.start("--writeback"); every daemon is stopped at teardown, and when
+          the test failed each daemon's log tail is printed. Families override it with
+          their own options (tests/faults: through the proxy; tests/slurm: a 0755 folder).
 """
 
 import os
@@ -15,6 +19,7 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # `import rgw, mounting`
 
+from mounting import Mounts  # noqa: E402
 from rgw import delete_bucket, start_rgw  # noqa: E402
 
 
@@ -44,3 +49,9 @@ def bucket(rgw):
         yield name
     finally:
         delete_bucket(client, name)
+
+
+@pytest.fixture
+def mounts(rgw, bucket, tmp_path, request):
+    with Mounts.of_test(request, rgw, bucket, tmp_path) as harness:
+        yield harness

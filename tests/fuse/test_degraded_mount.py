@@ -15,7 +15,6 @@ import subprocess
 import sys
 import threading
 import time
-import types
 import urllib.parse
 
 import pytest
@@ -142,11 +141,10 @@ class Forwarder:
         s.close()
 
 
-def mount(rgw, fwd: Forwarder, bucket: str, tmp_path, **kw) -> Mount:
-    via = types.SimpleNamespace(endpoint=fwd.endpoint)  # what Mount takes from the rgw
-    return Mount(via, f"s3://{bucket}", tmp_path / "mnt", tmp_path / "cache",
-                 ["--metadata-ttl", f"{TTL_S:g}s", "--startup-timeout", f"{STARTUP_TIMEOUT_S:g}s",
-                  "-o", "backend_timeout=2s,backend_retries=2"], env=s3_env(rgw), **kw)
+def mount(mounts, fwd: Forwarder, **kw) -> Mount:
+    return mounts.start("--metadata-ttl", f"{TTL_S:g}s",
+                        "--startup-timeout", f"{STARTUP_TIMEOUT_S:g}s",
+                        "-o", "backend_timeout=2s,backend_retries=2", proxy=fwd, **kw)
 
 
 def expect_eio(fn, bound_s: float) -> None:
@@ -181,14 +179,14 @@ def fwd(rgw):
 
 
 def test_store_down_cache_served_uncached_eio_remount_degraded_then_recovers(
-        rgw, bucket, tmp_path, fwd):
+        rgw, bucket, fwd, mounts):
     objects = {f"d/cached-{i}.bin": payload(f"c{i}", MiB + i) for i in range(3)}
     objects["d/uncached.bin"] = payload("u", 2 * MiB)
     objects["other/never-listed.bin"] = b"x"
     put_many(rgw.client(), bucket, objects)
     cached = [k for k in objects if "cached-" in k]
 
-    m = mount(rgw, fwd, bucket, tmp_path)
+    m = mount(mounts, fwd)
     try:
         assert sorted(os.listdir(m.path)) == ["d", "other"]
         assert sorted(os.listdir(m.path / "d")) == ["cached-0.bin", "cached-1.bin",
@@ -222,7 +220,7 @@ def test_store_down_cache_served_uncached_eio_remount_degraded_then_recovers(
     # a restart while the store hangs: mounted within the start-up timeout, cache served
     fwd.hang()
     t0 = time.monotonic()
-    m = mount(rgw, fwd, bucket, tmp_path, timeout=STARTUP_TIMEOUT_S + 40)
+    m = mount(mounts, fwd, timeout=STARTUP_TIMEOUT_S + 40)
     try:
         # bounded (interpreter start-up on a loaded machine is most of the slack), where
         # the bucket check alone used to wait out every retry: minutes

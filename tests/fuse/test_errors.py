@@ -9,7 +9,7 @@ import sys
 
 import pytest
 from helpers import payload, put_many
-from mounting import Mount, free_port, is_mounted
+from mounting import Mounts, free_port, is_mounted
 from rgw import s3_env, start_rgw
 
 MiB = 1 << 20
@@ -95,7 +95,7 @@ def test_unreachable_endpoint(rgw, bucket, dirs):
     assert_one_line_error(r, "unreachable")
 
 
-def test_mount_point_problems(rgw, bucket, tmp_path):
+def test_mount_point_problems(rgw, bucket, tmp_path, mounts):
     base = ["--endpoint-url", rgw.endpoint, "--cache-dir", str(tmp_path / "cache")]
     r = run_mount(rgw, f"s3://{bucket}", str(tmp_path / "absent"), *base)
     assert_one_line_error(r, "does not exist")
@@ -106,7 +106,7 @@ def test_mount_point_problems(rgw, bucket, tmp_path):
     (tmp_path / "file").write_text("x")
     assert_one_line_error(run_mount(rgw, f"s3://{bucket}", str(tmp_path / "file"), *base),
                           "not a directory")
-    with Mount(rgw, f"s3://{bucket}", tmp_path / "mnt", tmp_path / "cache1"):
+    with mounts.start(cache="cache1"):
         r = run_mount(rgw, f"s3://{bucket}", str(tmp_path / "mnt"), "--endpoint-url",
                       rgw.endpoint, "--cache-dir", str(tmp_path / "cache2"))
         assert_one_line_error(r, "already mounted")
@@ -151,7 +151,7 @@ def test_backend_failure_during_read_is_eio_with_one_log_line(tmp_path):
         s3.put_object(Bucket="fail", Key="obj.bin", Body=data)
         args = ["--chunk-size", "1M", "--readahead-chunks", "1", "-o",
                 "backend_retries=2,backend_timeout=3s"]
-        with Mount(own, "s3://fail", tmp_path / "mnt", tmp_path / "cache", args) as m:
+        with Mounts(own, "fail", tmp_path).start(*args) as m:
             with open(m.path / "obj.bin", "rb") as f:
                 assert os.pread(f.fileno(), 4096, 0) == data[:4096]
             own.stop()  # the object store goes away mid-job
@@ -169,8 +169,8 @@ def test_backend_failure_during_read_is_eio_with_one_log_line(tmp_path):
         own.stop()
 
 
-def test_unmount_after_the_daemon_was_killed(rgw, bucket, tmp_path):
-    m = Mount(rgw, f"s3://{bucket}", tmp_path / "mnt", tmp_path / "cache")
+def test_unmount_after_the_daemon_was_killed(rgw, bucket, tmp_path, mounts):
+    m = mounts.start()
     m.proc.kill()
     m.proc.wait(timeout=30)
     u = subprocess.run([sys.executable, "-m", "tierfs", "unmount", str(tmp_path / "mnt")],
@@ -179,5 +179,5 @@ def test_unmount_after_the_daemon_was_killed(rgw, bucket, tmp_path):
     assert not is_mounted(tmp_path / "mnt")
     m.stop()
     # and the cache dir is usable again: the lock died with the daemon
-    with Mount(rgw, f"s3://{bucket}", tmp_path / "mnt", tmp_path / "cache"):
+    with mounts.start():
         pass

@@ -17,7 +17,6 @@ import urllib.request
 import pytest
 
 from helpers import payload
-from mounting import Mount
 
 pytestmark = pytest.mark.mount
 
@@ -25,23 +24,18 @@ MiB = 1 << 20
 FLOOD = 2000
 
 
-class LimitedMount(Mount):
-    """A mount whose daemon may hold at most 1,024 file descriptors."""
-
-    @property
-    def argv(self) -> list[str]:
-        return ["prlimit", "--nofile=1024:1024", "--", *super().argv]
+# a daemon that may hold at most 1,024 file descriptors
+LIMITED = ["prlimit", "--nofile=1024:1024", "--"]
 
 
 def _threads_and_fds(pid: int) -> tuple[int, int]:
     return len(os.listdir(f"/proc/{pid}/task")), len(os.listdir(f"/proc/{pid}/fd"))
 
 
-def test_idle_connections_cost_no_thread_and_never_break_reads(rgw, bucket, tmp_path):
+def test_idle_connections_cost_no_thread_and_never_break_reads(rgw, bucket, mounts):
     data = payload("metrics-flood", 4 * MiB)
     rgw.client().put_object(Bucket=bucket, Key="a.bin", Body=data)
-    with LimitedMount(rgw, f"s3://{bucket}", tmp_path / "mnt", tmp_path / "cache",
-                      ["--chunk-size", "1M"]) as m:
+    with mounts.start("--chunk-size", "1M", wrap=LIMITED) as m:
         assert m.counter("tierfs_backend_requests_total", op="get") == 0
         threads0, fds0 = _threads_and_fds(m.pid)
         idle = []

@@ -4,18 +4,17 @@ epochs over more than the cache keep what fits (the admission policy)."""
 from __future__ import annotations
 
 from helpers import payload, put_many, read_uncached
-from mounting import Mount
 
 MiB = 1 << 20
 
 
-def test_hot_set_survives_a_scan_larger_than_the_cache(rgw, bucket, tmp_path):
+def test_hot_set_survives_a_scan_larger_than_the_cache(rgw, bucket, mounts):
     hot = {f"hot/{i}.bin": payload(f"hot{i}", MiB) for i in range(4)}
     scan = {f"scan/{i:02}.bin": payload(f"scan{i}", MiB) for i in range(40)}
     put_many(rgw.client(), bucket, {**hot, **scan})
     budget = 16 * MiB
     args = ["--cache-size", "16M", "--chunk-size", "1M", "--memory-cache-size", "0"]
-    with Mount(rgw, f"s3://{bucket}", tmp_path / "mnt", tmp_path / "cache", args) as m:
+    with mounts.start(*args) as m:
         for _ in range(3):  # the working set, read every epoch
             for key, data in hot.items():
                 assert read_uncached(m.path / key) == data
@@ -34,13 +33,13 @@ def test_hot_set_survives_a_scan_larger_than_the_cache(rgw, bucket, tmp_path):
         assert m.counter("tierfs_read_bytes_total", source="backend") == 4 * MiB + 40 * MiB
 
 
-def test_epochs_over_more_than_the_cache_keep_what_fits(rgw, bucket, tmp_path):
+def test_epochs_over_more_than_the_cache_keep_what_fits(rgw, bucket, mounts):
     # LRU (or heat alone) evicts every chunk of a loop just before its next read: each
     # epoch fetches everything again. Admission keeps what the first epoch cached.
     data = {f"train/{i:02}.bin": payload(f"train{i}", MiB) for i in range(24)}
     put_many(rgw.client(), bucket, data)
     args = ["--cache-size", "16M", "--chunk-size", "1M", "--memory-cache-size", "0"]
-    with Mount(rgw, f"s3://{bucket}", tmp_path / "mnt", tmp_path / "cache", args) as m:
+    with mounts.start(*args) as m:
         per_epoch = []
         for _ in range(3):
             before = m.counter("tierfs_backend_requests_total", op="get")

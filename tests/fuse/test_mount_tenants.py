@@ -44,10 +44,9 @@ def work_then_scan(m: Mount, passes: int = 4) -> tuple[float, float]:
     return gets(m) - before, peak
 
 
-def test_a_scan_past_its_share_leaves_the_other_tenants_working_set(rgw, bucket, tmp_path):
+def test_a_scan_past_its_share_leaves_the_other_tenants_working_set(rgw, bucket, mounts):
     put_many(rgw.client(), bucket, {**WORK, **SCAN})
-    with Mount(rgw, f"s3://{bucket}", tmp_path / "mnt", tmp_path / "cache",
-               [*ARGS, "-o", tenants(', hard = "50%"')]) as m:
+    with mounts.start(*ARGS, "-o", tenants(', hard = "50%"')) as m:
         regets, peak = work_then_scan(m)
         assert regets == 0
         assert peak <= 8 * MiB  # 50% of the 16 MiB budget
@@ -62,20 +61,17 @@ def test_a_scan_past_its_share_leaves_the_other_tenants_working_set(rgw, bucket,
         assert "tenant scan are 10.0 MiB (10 files)" in lines[0]
         assert "hard share is 50% = 8.0 MiB of the 16.0 MiB budget" in lines[0]
     # a soft share: the scanner goes first when the cache must evict, down to its share
-    with Mount(rgw, f"s3://{bucket}", tmp_path / "mnt2", tmp_path / "cache2",
-               [*ARGS, "-o", tenants(', soft = "50%"')]) as m:
+    with mounts.start(*ARGS, "-o", tenants(', soft = "50%"'), mnt="mnt2", cache="cache2") as m:
         regets, peak = work_then_scan(m)
         assert regets == 0
         assert m.counter("tierfs_tenant_cache_bytes", tenant="work", kind="cached") == 4 * MiB
     # the same reads without quotas: the scan pushes the working set out
-    with Mount(rgw, f"s3://{bucket}", tmp_path / "mnt3", tmp_path / "cache3",
-               [*ARGS, "-o", tenants()]) as m:
+    with mounts.start(*ARGS, "-o", tenants(), mnt="mnt3", cache="cache3") as m:
         regets, peak = work_then_scan(m)
         assert regets == 4
         assert peak > 8 * MiB
     # one pass of the scan without quotas: refused past the free room, the set stays
-    with Mount(rgw, f"s3://{bucket}", tmp_path / "mnt4", tmp_path / "cache4",
-               [*ARGS, "-o", tenants()]) as m:
+    with mounts.start(*ARGS, "-o", tenants(), mnt="mnt4", cache="cache4") as m:
         regets, peak = work_then_scan(m, passes=1)
         assert regets == 0
         assert m.counter("tierfs_cache_refused_chunks_total") >= 40 - 12

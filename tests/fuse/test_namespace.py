@@ -6,13 +6,12 @@ import os
 import time
 
 from helpers import put_many
-from mounting import Mount
 
 
-def test_directory_of_5000_entries_lists_completely_in_stable_order(rgw, bucket, tmp_path):
+def test_directory_of_5000_entries_lists_completely_in_stable_order(rgw, bucket, mounts):
     names = [f"img-{i:05d}.jpg" for i in range(5000)]
     put_many(rgw.client(), bucket, {f"big/{n}": n.encode() for n in names}, threads=32)
-    with Mount(rgw, f"s3://{bucket}", tmp_path / "mnt", tmp_path / "cache") as m:
+    with mounts.start() as m:
         first = os.listdir(m.path / "big")
         assert sorted(first) == names and len(first) == 5000
         assert os.listdir(m.path / "big") == first  # stable order
@@ -27,7 +26,7 @@ def test_directory_of_5000_entries_lists_completely_in_stable_order(rgw, bucket,
         assert (m.path / "big" / names[4321]).read_bytes() == names[4321].encode()
 
 
-def test_prefixes_markers_and_name_conflicts(rgw, bucket, tmp_path):
+def test_prefixes_markers_and_name_conflicts(rgw, bucket, mounts):
     put_many(rgw.client(), bucket, {
         "a/b/c.txt": b"c",
         "empty/": b"",  # a directory marker object: an empty directory
@@ -36,7 +35,7 @@ def test_prefixes_markers_and_name_conflicts(rgw, bucket, tmp_path):
         "both": b"i am a file",  # and also a prefix: the directory wins
         "both/inner.txt": b"inner",
     })
-    with Mount(rgw, f"s3://{bucket}", tmp_path / "mnt", tmp_path / "cache") as m:
+    with mounts.start() as m:
         assert sorted(os.listdir(m.path)) == ["a", "both", "empty", "marked"]
         assert os.path.isdir(m.path / "empty") and os.listdir(m.path / "empty") == []
         assert os.listdir(m.path / "marked") == ["x"]
@@ -47,10 +46,10 @@ def test_prefixes_markers_and_name_conflicts(rgw, bucket, tmp_path):
         assert not os.path.exists(m.path / "a/nope")
 
 
-def test_lookup_in_unlisted_directory_is_targeted_then_listed_once(rgw, bucket, tmp_path):
+def test_lookup_in_unlisted_directory_is_targeted_then_listed_once(rgw, bucket, mounts):
     put_many(rgw.client(), bucket, {"deep/er/still/file.bin": b"z" * 100,
                                     **{f"deep/noise{i}": b"n" for i in range(30)}})
-    with Mount(rgw, f"s3://{bucket}", tmp_path / "mnt", tmp_path / "cache") as m:
+    with mounts.start() as m:
         assert (m.path / "deep/er/still/file.bin").read_bytes() == b"z" * 100
         # each path component: two one-key LISTs answer the lookup, and one listing of
         # the directory runs in the background (4 directories on the path)
@@ -68,12 +67,12 @@ def test_lookup_in_unlisted_directory_is_targeted_then_listed_once(rgw, bucket, 
         assert m.counter("tierfs_backend_requests_total") == reqs + 1  # the GET of noise7
 
 
-def test_keys_that_cannot_be_paths_are_hidden_counted_and_logged_once(rgw, bucket, tmp_path):
+def test_keys_that_cannot_be_paths_are_hidden_counted_and_logged_once(rgw, bucket, mounts):
     bad = ["dir//double", "dir/./dot", "dir/../up", "dir/" + "x" * 300]
     put_many(rgw.client(), bucket, {**{k: b"bad" for k in bad}, "dir/ok.txt": b"ok"})
     listed = [o["Key"] for o in rgw.client().list_objects_v2(Bucket=bucket)["Contents"]]
     stored_bad = [k for k in bad if k in listed]  # RGW may normalise some on upload
-    with Mount(rgw, f"s3://{bucket}", tmp_path / "mnt", tmp_path / "cache") as m:
+    with mounts.start() as m:
         assert os.listdir(m.path / "dir") == ["ok.txt"]
         os.listdir(m.path / "dir")
         hidden = m.counter("tierfs_invalid_keys_total")

@@ -11,12 +11,11 @@ import time
 
 import pytest
 from helpers import drop_page_cache, payload, put_many, read_uncached, sha
-from mounting import Mount
 
 MiB = 1 << 20
 
 
-def test_large_and_small_objects_read_byte_exact(rgw, bucket, tmp_path):
+def test_large_and_small_objects_read_byte_exact(rgw, bucket, mounts):
     objects = {
         "data/big.bin": payload("big", 21 * MiB + 12345),  # 3 chunks at 8 MiB, ragged tail
         "data/exact.bin": payload("exact", 8 * MiB),  # exactly one chunk
@@ -25,7 +24,7 @@ def test_large_and_small_objects_read_byte_exact(rgw, bucket, tmp_path):
         "top.bin": payload("top", 70_000),
     }
     put_many(rgw.client(), bucket, objects)
-    with Mount(rgw, f"s3://{bucket}", tmp_path / "mnt", tmp_path / "cache") as m:
+    with mounts.start() as m:
         for key, data in objects.items():
             got = (m.path / key).read_bytes()
             assert sha(got) == sha(data), key
@@ -43,14 +42,14 @@ def test_large_and_small_objects_read_byte_exact(rgw, bucket, tmp_path):
                 assert os.pread(f.fileno(), n, off) == big[off:off + n]
 
 
-def test_prefix_source_mounts_a_subtree(rgw, bucket, tmp_path):
+def test_prefix_source_mounts_a_subtree(rgw, bucket, mounts):
     put_many(rgw.client(), bucket, {"team/a/x.bin": b"x" * 10, "other/y.bin": b"y"})
-    with Mount(rgw, f"s3://{bucket}/team", tmp_path / "mnt", tmp_path / "cache") as m:
+    with mounts.start(source=f"s3://{bucket}/team") as m:
         assert sorted(os.listdir(m.path)) == ["a"]
         assert (m.path / "a/x.bin").read_bytes() == b"x" * 10
 
 
-def test_concurrent_readers_get_exact_bytes_and_one_fetch_per_chunk(rgw, bucket, tmp_path):
+def test_concurrent_readers_get_exact_bytes_and_one_fetch_per_chunk(rgw, bucket, mounts):
     files = {f"c/f{i}.bin": payload(f"c{i}", 9 * MiB + i) for i in range(4)}
     put_many(rgw.client(), bucket, files)
     errors: list[str] = []
@@ -67,8 +66,7 @@ def test_concurrent_readers_get_exact_bytes_and_one_fetch_per_chunk(rgw, bucket,
             if got != data[off:off + size]:
                 errors.append(f"{key} at {off}+{size}")
 
-    with Mount(rgw, f"s3://{bucket}", tmp_path / "mnt", tmp_path / "cache",
-               ["--memory-cache-size", "512M"]) as m:
+    with mounts.start("--memory-cache-size", "512M") as m:
         threads = [threading.Thread(target=reader, args=(i,)) for i in range(8)]
         for t in threads:
             t.start()
@@ -79,36 +77,35 @@ def test_concurrent_readers_get_exact_bytes_and_one_fetch_per_chunk(rgw, bucket,
         assert m.counter("tierfs_backend_requests_total", op="get") <= 8
 
 
-def test_restart_serves_cached_data_with_zero_gets(rgw, bucket, tmp_path):
+def test_restart_serves_cached_data_with_zero_gets(rgw, bucket, tmp_path, mounts):
     objects = {f"ds/shard{i}.bin": payload(f"s{i}", 5 * MiB + i) for i in range(3)}
     objects.update({f"ds/small/{i:03}.txt": payload(i, 3000 + i) for i in range(50)})
     put_many(rgw.client(), bucket, objects)
-    with Mount(rgw, f"s3://{bucket}", tmp_path / "mnt", tmp_path / "cache") as m:
+    with mounts.start() as m:
         for key, data in objects.items():
             assert (m.path / key).read_bytes() == data
         assert m.counter("tierfs_backend_requests_total", op="get") == len(objects)
     inode_before = os.stat(tmp_path / "mnt").st_ino  # not mounted now: the bare directory
     # metadata TTL 0: the restarted daemon revalidates every entry (LIST/HEAD), yet the
     # ETags are unchanged, so every byte still comes from the disk tier
-    with Mount(rgw, f"s3://{bucket}", tmp_path / "mnt", tmp_path / "cache",
-               ["--metadata-ttl", "0"]) as m:
+    with mounts.start("--metadata-ttl", "0") as m:
         for key, data in objects.items():
             assert (m.path / key).read_bytes() == data
         assert m.counter("tierfs_backend_requests_total", op="get") == 0
         assert m.counter("tierfs_read_bytes_total", source="backend") == 0
         assert m.counter("tierfs_read_bytes_total", source="disk") == sum(map(len, objects.values()))
         ino1 = os.stat(m.path / "ds/shard1.bin").st_ino
-    with Mount(rgw, f"s3://{bucket}", tmp_path / "mnt", tmp_path / "cache") as m:
+    with mounts.start() as m:
         assert os.stat(m.path / "ds/shard1.bin").st_ino == ino1  # stable inode numbers
     assert inode_before
 
 
-def test_corrupt_chunk_file_is_refetched_never_served(rgw, bucket, tmp_path):
+def test_corrupt_chunk_file_is_refetched_never_served(rgw, bucket, tmp_path, mounts):
     data = payload("corrupt", 3 * MiB)
     put_many(rgw.client(), bucket, {"f.bin": data})
     cache = tmp_path / "cache"
     args = ["--chunk-size", "1M", "--memory-cache-size", "0"]
-    with Mount(rgw, f"s3://{bucket}", tmp_path / "mnt", cache, args) as m:
+    with mounts.start(*args) as m:
         assert (m.path / "f.bin").read_bytes() == data
         time.sleep(1.5)  # let the index flush
     chunk_files = sorted(p for p in (cache / "chunks").rglob("*") if p.is_file())
@@ -118,7 +115,7 @@ def test_corrupt_chunk_file_is_refetched_never_served(rgw, bucket, tmp_path):
     raw[12345] ^= 0xFF
     victim.write_bytes(bytes(raw))
     chunk_files[2].unlink()  # a missing file is handled the same way
-    with Mount(rgw, f"s3://{bucket}", tmp_path / "mnt", cache, args) as m:
+    with mounts.start(*args) as m:
         assert (m.path / "f.bin").read_bytes() == data
         assert m.counter("tierfs_cache_corrupt_chunks_total") == 1
         # the corrupt chunk and the missing one were fetched again, the good one was not
@@ -132,12 +129,11 @@ def test_corrupt_chunk_file_is_refetched_never_served(rgw, bucket, tmp_path):
         assert "fails its checksum" in m.log_text()
 
 
-def test_object_overwritten_behind_the_mount(rgw, bucket, tmp_path):
+def test_object_overwritten_behind_the_mount(rgw, bucket, mounts):
     s3 = rgw.client()
     old, new = payload("old", 3 * MiB), payload("new", 3 * MiB + 5)
     s3.put_object(Bucket=bucket, Key="ckpt.bin", Body=old)
-    with Mount(rgw, f"s3://{bucket}", tmp_path / "mnt", tmp_path / "cache",
-               ["--metadata-ttl", "1", "--chunk-size", "1M"]) as m:
+    with mounts.start("--metadata-ttl", "1", "--chunk-size", "1M") as m:
         path = m.path / "ckpt.bin"
         assert path.read_bytes() == old
         # a handle opened before the overwrite that has served nothing moves to the new version
@@ -167,10 +163,9 @@ def test_object_overwritten_behind_the_mount(rgw, bucket, tmp_path):
                 assert exc.errno == errno.ESTALE
 
 
-def test_read_only_mount_refuses_writes(rgw, bucket, tmp_path):
+def test_read_only_mount_refuses_writes(rgw, bucket, mounts):
     put_many(rgw.client(), bucket, {"a.txt": b"a"})
-    with Mount(rgw, f"s3://{bucket}", tmp_path / "mnt", tmp_path / "cache",
-               ["--read-only"]) as m:
+    with mounts.start("--read-only") as m:
         for action in (lambda: open(m.path / "new.txt", "w"),
                        lambda: open(m.path / "a.txt", "a"),
                        lambda: os.mkdir(m.path / "d"),
@@ -181,15 +176,15 @@ def test_read_only_mount_refuses_writes(rgw, bucket, tmp_path):
         assert (m.path / "a.txt").read_bytes() == b"a"
 
 
-def test_sigterm_unmounts_cleanly_and_keeps_the_cache(rgw, bucket, tmp_path):
+def test_sigterm_unmounts_cleanly_and_keeps_the_cache(rgw, bucket, mounts):
     data = payload("term", 2 * MiB)
     put_many(rgw.client(), bucket, {"t.bin": data})
-    m = Mount(rgw, f"s3://{bucket}", tmp_path / "mnt", tmp_path / "cache")
+    m = mounts.start()
     assert (m.path / "t.bin").read_bytes() == data
     m.proc.send_signal(signal.SIGTERM)
     assert m.proc.wait(timeout=30) == 0
     assert not os.path.ismount(m.path)
     m.stop()
-    with Mount(rgw, f"s3://{bucket}", tmp_path / "mnt", tmp_path / "cache") as m2:
+    with mounts.start() as m2:
         assert (m2.path / "t.bin").read_bytes() == data
         assert m2.counter("tierfs_backend_requests_total", op="get") == 0

@@ -13,7 +13,6 @@ import sys
 import pytest
 
 from helpers import payload, put_many, read_uncached
-from mounting import Mount
 
 MiB = 1 << 20
 HOT = {f"data/hot/{i}.bin": payload(f"hot{i}", 2 * MiB) for i in range(3)}
@@ -33,10 +32,9 @@ def chromium(*args: str) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.skipif(not os.path.exists(CHROMIUM), reason="chromium (scripts/install.sh)")
-def test_report_of_a_real_workload_renders_with_its_plots(rgw, bucket, tmp_path):
+def test_report_of_a_real_workload_renders_with_its_plots(rgw, bucket, tmp_path, mounts):
     put_many(rgw.client(), bucket, {**HOT, **ONCE})
-    with Mount(rgw, f"s3://{bucket}", tmp_path / "mnt", tmp_path / "cache",
-               ["--chunk-size", "1M", "--cache-size", "64M"]) as m:
+    with mounts.start("--chunk-size", "1M", "--cache-size", "64M") as m:
         for _ in range(3):  # the hot set read three times (the page cache dropped each time)
             for key, data in HOT.items():
                 assert read_uncached(m.path / key) == data

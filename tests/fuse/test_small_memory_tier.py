@@ -77,16 +77,15 @@ def _internal_errors(m: Mount) -> float:
 
 
 @pytest.mark.parametrize("memory", ["1M", "4M"])
-def test_readers_of_every_kind_get_every_byte_with_a_tiny_memory_tier(rgw, bucket, tmp_path,
-                                                                       memory):
+def test_readers_of_every_kind_get_every_byte_with_a_tiny_memory_tier(rgw, bucket, memory,
+                                                                       mounts):
     """4 readers x read-ahead 8 x 1 MiB chunks = 32 MiB against a 4 MiB tier (and a 1 MiB
     one: smaller than one chunk of read-ahead), mmap, buffered and unaligned pread readers
     at once, twice (the second pass partly from the disk tier)."""
     put_many(rgw.client(), bucket, FILES)
     keys = sorted(FILES)
-    with Mount(rgw, f"s3://{bucket}", tmp_path / "mnt", tmp_path / "cache",
-               ["--chunk-size", "1M", "--memory-cache-size", memory, "--readahead-chunks", "8",
-                "--cache-size", "16M"]) as m:
+    with mounts.start("--chunk-size", "1M", "--memory-cache-size", memory,
+                      "--readahead-chunks", "8", "--cache-size", "16M") as m:
         for _ in range(2):
             bad = _epoch(m, keys, 4, ["mmap", "buffered", "pread", "mmap"])
             assert bad == []
@@ -105,15 +104,14 @@ SHAS.update({k: sha(v) for k, v in LONG.items()})
 
 @pytest.mark.parametrize("readers", [1, 4])
 def test_a_cold_pass_over_more_than_the_disk_tier_downloads_each_chunk_once(
-        rgw, bucket, tmp_path, readers):
+        rgw, bucket, readers, mounts):
     """4 shards of 24 MiB, 4 MiB chunks, a 16 MiB disk tier and a 64 MiB memory tier
     (read-ahead may hold 8 chunks; 4 readers x (8 + 1) chunks would be 144 MiB): a cold
     pass downloads each chunk about once. Read-ahead holds what it fetched until read."""
     put_many(rgw.client(), bucket, LONG)
     keys = sorted(LONG)
-    with Mount(rgw, f"s3://{bucket}", tmp_path / "mnt", tmp_path / "cache",
-               ["--chunk-size", "4M", "--memory-cache-size", "64M", "--readahead-chunks", "8",
-                "--cache-size", "16M"]) as m:
+    with mounts.start("--chunk-size", "4M", "--memory-cache-size", "64M",
+                      "--readahead-chunks", "8", "--cache-size", "16M") as m:
         before = m.counter("tierfs_backend_bytes_total")
         assert _epoch(m, keys, readers, ["buffered", "mmap"]) == []
         downloaded = m.counter("tierfs_backend_bytes_total") - before
