@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 
 import pytest
 import wkit
+from mounting import Mounts
 from rgw import delete_bucket
 
 TRIALS = int(os.environ.get("TIERFS_CRASH_TRIALS", "10"))  # per mode
@@ -116,7 +117,7 @@ def version_at_least(client, bucket, key: str, history: dict[str, list[str]],
     return None
 
 
-def run_trials(mode: str, mounter: wkit.Mounter, client, bucket: str, tmp) -> Results:
+def run_trials(mode: str, mounter: Mounts, client, bucket: str, tmp) -> Results:
     out = Results(mode)
     rnd = random.Random(f"crash-{mode}")
     history: dict[str, list[str]] = {}
@@ -173,7 +174,7 @@ def run_trials(mode: str, mounter: wkit.Mounter, client, bucket: str, tmp) -> Re
                 if problem:
                     out.lost.append(f"trial {trial}, right after kill -9: {problem}")
         try:
-            m = mounter.start_again(m)
+            m = mounter.again(m)
         except Exception as e:
             out.error = f"trial {trial}: remount failed: {e}"
             sampler.stop_event.set()
@@ -235,7 +236,7 @@ def crash_results(request, rgw, tmp_path_factory):
     bucket = f"crash-{mode}-{uuid.uuid4().hex[:12]}"
     client.create_bucket(Bucket=bucket)
     tmp = tmp_path_factory.mktemp(f"crash-{mode}")
-    mounter = wkit.Mounter(rgw, bucket, tmp)
+    mounter = Mounts(rgw, bucket, tmp)
     try:
         try:
             out = run_trials(mode, mounter, client, bucket, tmp)
@@ -243,11 +244,10 @@ def crash_results(request, rgw, tmp_path_factory):
             out = Results(mode, error=f"{type(e).__name__}: {e}")
         print("\n" + out.summary())
         if out.error or out.lost or out.partial or out.unread:
-            log = mounter.all[-1].log_text().splitlines() if mounter.all else []
-            print("----- daemon log tail\n" + "\n".join(log[-60:]))
+            print(mounter.report(60))
         yield out
     finally:
-        mounter.stop_all()
+        mounter.close()
         delete_bucket(client, bucket)
 
 

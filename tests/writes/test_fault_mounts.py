@@ -24,7 +24,7 @@ def test_uploads_refused_unmount_then_mount_again_uploads_everything(mounts, s3,
         wkit.eventually(lambda: m.counter("tierfs_writeback_uploads_total",
                                           outcome="failure") >= len(files))
         m.stop()
-    m = mounts.start_again(m)
+    m = mounts.again(m)
     wkit.assert_bucket_has(s3, bucket, files, timeout=wkit.BUCKET_LAG)
     wkit.eventually(lambda: not wkit.open_uploads(s3, bucket))
     assert m.alive()

@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (RuleBasedStateMachine, invariant, precondition, rule,
                                  run_state_machine_as_test)
-from mounting import Mount
+from mounting import Mount, Mounts
 from rgw import delete_bucket
 from wkit import KiB
 
@@ -44,12 +44,11 @@ def model_mount(request, rgw, tmp_path_factory):
     name = f"model-{uuid.uuid4().hex[:20]}"
     client.create_bucket(Bucket=name)
     tmp = tmp_path_factory.mktemp(f"model-{request.param}")
-    m = Mount(rgw, f"s3://{name}", tmp / "mnt", tmp / "cache",
-              [*wkit.MODES[request.param], "--chunk-size", "256K"])
+    mounts = Mounts(rgw, name, tmp)
     try:
-        yield m, client, name
+        yield mounts.start(*wkit.MODES[request.param], "--chunk-size", "256K"), client, name
     finally:
-        m.stop()
+        mounts.close()
         delete_bucket(client, name)
 
 

@@ -33,8 +33,6 @@ _TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if _TESTS not in sys.path:  # also when run as a script (the crash writer)
     sys.path.append(_TESTS)
 
-from mounting import Mount  # noqa: E402
-
 sys.path.append(os.path.join(_TESTS, "fuse"))
 from helpers import drop_page_cache, read_uncached  # noqa: E402,F401 - shared page-cache helpers
 
@@ -212,52 +210,6 @@ def disk_usage(path: os.PathLike | str, skip: tuple[str, ...] = ("index",)) -> i
 
 def log_lines(m, *levels: str) -> list[str]:
     return [ln for ln in m.log_text().splitlines() if any(f" {lv} " in ln for lv in levels)]
-
-
-# ------------------------------------------------------------------ mounts
-class Mounter:
-    def __init__(self, rgw, bucket: str, tmp_path):
-        self.rgw = rgw
-        self.bucket = bucket
-        self.tmp = tmp_path
-        self.all: list[Mount] = []
-
-    def start(self, *extra: str, cache: str = "cache", mnt: str = "mnt",
-              source: str | None = None) -> Mount:
-        m = Mount(self.rgw, source or f"s3://{self.bucket}", self.tmp / mnt, self.tmp / cache,
-                  list(extra), start=False)
-        self.all.append(m)
-        m.start()
-        return m
-
-    def remount(self, m: Mount, *extra: str, cache: str | None = None) -> Mount:
-        """Clean unmount of `m`, then a new mount on the same mountpoint (and cache dir,
-        unless `cache` names another one) with the same arguments plus `extra`."""
-        m.stop()
-        return self._again(m, extra, cache)
-
-    def restart_after_crash(self, m: Mount, *extra: str) -> Mount:
-        """kill -9 of `m` (if still alive), then a new mount on the same cache dir."""
-        m.kill9()
-        return self._again(m, extra, None)
-
-    def start_again(self, m: Mount, *extra: str) -> Mount:
-        """A new mount like `m` (same mountpoint, cache dir, arguments) once `m` is gone."""
-        return self._again(m, extra, None)
-
-    def _again(self, m: Mount, extra, cache) -> Mount:
-        new = Mount(self.rgw, m.source, m.path, self.tmp / cache if cache else m.cache_dir,
-                    [*m.extra_args, *extra], log_path=m.log_path, start=False)
-        self.all.append(new)
-        new.start()
-        return new
-
-    def stop_all(self) -> None:
-        for m in reversed(self.all):
-            try:
-                m.stop()
-            except Exception as e:  # keep stopping the others
-                print(f"stopping {m.mountpoint}: {e!r}")
 
 
 # ------------------------------------------------------------------ crash writer
