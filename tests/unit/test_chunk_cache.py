@@ -39,7 +39,7 @@ async def test_fill_then_read_hits_memory(root):
     try:
         ckey, data = OBJ.chunk_key(0), chunk_data(0)
         assert await rig.cache.read(ckey, 0, 3, touch=True) is None
-        rig.cache.remember(ckey, data)  # what the Fetcher does with fetched bytes
+        rig.cache.keep(ckey, 0, -1, data, whole=True)  # what the walk does with fetched bytes
         await rig.cache.fill(OBJ, ckey, data)
         got, source = await rig.cache.read(ckey, 1, 2, touch=True)
         assert (got, source) == (blocks(data, 1, 2), "memory")
@@ -55,7 +55,7 @@ async def test_without_memory_tier_reads_hit_disk(root):
     rig = make_cache(root, cache_size=64 * CHUNK, memory_bytes=0)
     try:
         ckey, data = OBJ.chunk_key(3), chunk_data(3)
-        rig.cache.remember(ckey, data)  # a no-op without a memory tier
+        rig.cache.keep(ckey, 0, -1, data, whole=True)  # a no-op without a memory tier
         await rig.cache.fill(OBJ, ckey, data)
         for first, last in [(0, 3), (2, 2), (3, 3)]:
             got, source = await rig.cache.read(ckey, first, last, touch=True)

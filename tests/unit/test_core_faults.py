@@ -141,14 +141,14 @@ async def test_read_ahead_bug_is_reported_by_the_supervisor(tmp_path, caplog, mo
     src, fb, rig = fault_core(tmp_path, readahead=4)
     data = write(src, "big", pattern(8 * CS))
     async with rig as c:
-        real = c.core.fetcher.fetch
+        real = c.core.walk.read
 
-        async def buggy(obj, index, *, background=False, **kw):
-            if background:
+        async def buggy(want):
+            if want.background:
                 raise ExceptionGroup("nested", [InjectedBug("read-ahead bug")])
-            return await real(obj, index, background=background, **kw)
+            return await real(want)
 
-        monkeypatch.setattr(c.core.fetcher, "fetch", buggy)
+        monkeypatch.setattr(c.core.walk, "read", buggy)
         h = await read_first_chunk(c, "big", data)
         await eventually(lambda: c.internal_errors("read-ahead") >= 1)
         await eventually(lambda: tracebacks(caplog, InjectedBug))
@@ -205,7 +205,7 @@ async def test_warm_bug_goes_to_the_client_with_one_traceback(tmp_path, caplog, 
     src, fb, rig = fault_core(tmp_path)
     files = {f"d/f{i}": write(src, f"d/f{i}", pattern(2 * CS + i, seed=i)) for i in range(4)}
     async with rig as c:
-        real = c.core.fetcher.warm
+        real = c.core.walk.warm
         bugs = []
 
         async def buggy(obj, index):
@@ -214,7 +214,7 @@ async def test_warm_bug_goes_to_the_client_with_one_traceback(tmp_path, caplog, 
                 raise InjectedBug(f"warm bug {obj.key}")
             return await real(obj, index)
 
-        monkeypatch.setattr(c.core.fetcher, "warm", buggy)
+        monkeypatch.setattr(c.core.walk, "warm", buggy)
         result = await c.core.warmer.warm(["d"], concurrency=2)
         assert len(bugs) == 3
         assert {e["path"] for e in result["errors"]} == set(bugs)

@@ -1,4 +1,4 @@
-"""Namespace + FileIO + Fetcher (+ Prefetcher) over a FileBackend, under trio, no mount.
+"""Namespace + FileIO + TierWalk (+ Prefetcher) over a FileBackend, under trio, no mount.
 
 The core is wired as tierfs/mount/daemon.py wires it (unitkit.core); time is a fake clock, so
 "past the metadata TTL" is a clock advance, never a sleep.
@@ -376,7 +376,7 @@ async def test_a_slow_disk_never_holds_back_fetched_bytes_and_bounds_the_backlog
         disk = c.core.disk
         real_write = disk.write
         disk.write = lambda ckey, chunk: release.wait(30) and real_write(ckey, chunk)
-        limit = c.fetcher.max_unstored
+        limit = c.walk.max_unstored
         try:
             for i in range(limit):  # each read is its own: random offsets, no read-ahead
                 h, _ = await c.io.open(node.ino)

@@ -20,7 +20,7 @@ from tierfs.errors import (AccessDenied, BackendError, NotFound, RecentFailure, 
 from tierfs.index.inodes import ROOT_INO
 
 from faultkit import Action, FaultBackend, Hang, error, unavailable
-from unitkit import core, resolve, write
+from unitkit import chunk, core, resolve, write
 
 KIB = 1 << 10
 CS = 64 * KIB  # unitkit's chunk size
@@ -156,7 +156,7 @@ async def test_a_failed_range_answers_the_kernels_re_asks_at_once(tmp_path, stor
     src = store.inner.root
     data = write(src, "f.bin", os.urandom(CS // 2))  # one chunk: no read-ahead beyond it
     async with core(str(tmp_path), backend=store, bucket=src) as c:
-        c.fetcher.failed_memo_s = 0.5
+        c.walk.failures.memo_s = 0.5
         f = await resolve(c.ns, "f.bin")
         h, _ = await c.io.open(f.ino)
         failing = store.inject("get", error("500 InternalError"))
@@ -228,7 +228,7 @@ async def test_a_reader_that_joined_a_failing_read_ahead_gets_its_error_without_
 
         async def read_ahead() -> None:
             with pytest.raises(BackendError):
-                await c.fetcher.chunk(obj, 0, background=True)
+                await chunk(c.walk, obj, 0, background=True)
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(read_ahead)
@@ -237,7 +237,7 @@ async def test_a_reader_that_joined_a_failing_read_ahead_gets_its_error_without_
 
             async def read() -> None:
                 with pytest.raises(TierfsError) as err:
-                    await c.fetcher.chunk(obj, 0, access=True)
+                    await chunk(c.walk, obj, 0, access=True)
                 assert err.value.errno == errno.EIO
                 reader.set()
 

@@ -1,5 +1,5 @@
-"""Chunks fetched from the store go into the disk tier's reused read buffers (fetch.py
-`_from_store`): a buffer serves another GET only once nothing can see its bytes, so a
+"""Chunks fetched from the store go into the disk tier's reused read buffers
+(tierfs/read/sources.py, `StoreSource.get`): a buffer serves another GET only once nothing can see its bytes, so a
 reader holding a chunk's bytes never sees them change; small chunks are plain bytes."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import trio
 from tierfs.cache import ObjectVersion
 from tierfs.cache.disk import REUSE_MIN
 
-from unitkit import core, write
+from unitkit import chunk, core, write
 
 CHUNK = 2 * REUSE_MIN  # big enough to be fetched into a reused buffer
 
@@ -26,7 +26,7 @@ def _version(c, i: int) -> ObjectVersion:
 
 
 async def _settled(c) -> None:
-    while c.fetcher._flights:  # the fills hold the bytes until the disk tier has them
+    while len(c.walk.flights):  # the fills hold the bytes until the disk tier has them
         await trio.sleep(0.01)
 
 
@@ -34,16 +34,16 @@ async def test_a_fetched_chunk_is_a_read_only_view_and_its_buffer_is_reused(tmp_
     # a memory tier of one chunk: each fetch pushes the last one out, giving its buffer back
     async with core(str(tmp_path), chunk_size=CHUNK, memory_bytes=CHUNK) as c:
         datas = _objects(c.src, 4)
-        first = await c.fetcher.chunk(_version(c, 0), 0)
+        first = await chunk(c.walk, _version(c, 0), 0)
         assert isinstance(first, memoryview) and first.readonly and first == datas[0]
         owner = first.obj
         del first
         await _settled(c)
-        second = await c.fetcher.chunk(_version(c, 1), 0)
+        second = await chunk(c.walk, _version(c, 1), 0)
         await _settled(c)
         assert second == datas[1]
         del second
-        third = await c.fetcher.chunk(_version(c, 2), 0)
+        third = await chunk(c.walk, _version(c, 2), 0)
         assert third == datas[2]
         assert third.obj is owner  # chunk 0's buffer, free once nothing saw it, reused
 
@@ -51,10 +51,10 @@ async def test_a_fetched_chunk_is_a_read_only_view_and_its_buffer_is_reused(tmp_
 async def test_a_buffer_a_reader_still_holds_is_never_reused(tmp_path):
     async with core(str(tmp_path), chunk_size=CHUNK, memory_bytes=CHUNK) as c:
         datas = _objects(c.src, 6)
-        held = (await c.fetcher.chunk(_version(c, 0), 0))[100:200]  # a reply in flight
+        held = (await chunk(c.walk, _version(c, 0), 0))[100:200]  # a reply in flight
         seen = {held.obj}
         for i in range(1, 6):  # each evicts the one before from the memory tier
-            got = await c.fetcher.chunk(_version(c, i), 0)
+            got = await chunk(c.walk, _version(c, i), 0)
             await _settled(c)
             assert got == datas[i]
             assert got.obj is not held.obj
@@ -68,8 +68,7 @@ async def test_small_chunks_are_plain_bytes(tmp_path):
     async with core(str(tmp_path), chunk_size=REUSE_MIN // 2) as c:
         data = write(c.src, "small.bin", os.urandom(REUSE_MIN // 2))
         meta = c.backend.head("small.bin")
-        got = await c.fetcher.chunk(
-            ObjectVersion(c.io.bucket, meta.key, meta.etag, meta.size), 0)
+        got = await chunk(c.walk, ObjectVersion(c.io.bucket, meta.key, meta.etag, meta.size), 0)
         assert not isinstance(got, memoryview) and got == data
 
 

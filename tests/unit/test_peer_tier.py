@@ -126,7 +126,7 @@ async def test_an_owner_that_knows_a_newer_version_refuses_and_the_store_decides
         # a chunk A owns: a first GET of B's own would meet the new ETag before B asked A
         # anything (rendezvous over random ports: A owns one of 8 chunks but at 2^-8)
         stale = ObjectVersion(b.io.bucket, "f", old_etag, len(new))
-        owned = [i for i in range(8) if b.fetcher.peers.owner(stale.chunk_key(i)) is not None]
+        owned = [i for i in range(8) if b.walk.sources[0].peers.owner(stale.chunk_key(i)) is not None]
         assert owned
         first = owned[0] * CS
         node = await b.ns.lookup(ROOT_INO, b"f")

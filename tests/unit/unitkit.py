@@ -20,7 +20,8 @@ from tierfs.cache.evictor import Evictor
 from tierfs.cache.memory import MemoryTier
 from tierfs.config import MountConfig, Source
 from tierfs.mount.core import Core, build_core
-from tierfs.read.fetch import Fetcher
+from tierfs.cache.tier import Want
+from tierfs.read.walk import TierWalk
 from tierfs.files.fileio import FileIO
 from tierfs.index.inodes import ROOT_INO
 from tierfs.index.meta import MetaStore
@@ -127,7 +128,7 @@ class CoreRig:
     backend: Backend
     ns: Namespace
     io: FileIO
-    fetcher: Fetcher
+    walk: TierWalk
     cache_rig: CacheRig
     metrics: Metrics
     clock: FakeClock
@@ -186,4 +187,9 @@ async def core(tmp: str, *, chunk_size: int = 64 << 10, block_size: int = 16 << 
                           index_map_size=64 << 20) as c:
         rig = CacheRig(cfg.effective_cache_dir, c.meta, c.disk, c.memory, c.evictor, c.cache,
                        c.metrics, clock)
-        yield CoreRig(src, backend, c.namespace, c.fileio, c.fetcher, rig, c.metrics, clock, c)
+        yield CoreRig(src, backend, c.namespace, c.fileio, c.walk, rig, c.metrics, clock, c)
+
+
+async def chunk(walk: TierWalk, obj, index: int, **want) -> bytes | memoryview:
+    """A whole chunk through the read walk (Want's options: background, access...)."""
+    return (await walk.read(Want(obj, index, **want))).data

@@ -215,16 +215,16 @@ class ChunkCache:
         plain LRU caches it (admission.py, `job_opened`)."""
         self.admission.job_opened(reader)
 
-    async def read(self, ckey: bytes, first: int, last: int, *, touch: bool,
-                   ahead: bool = False) -> tuple[bytes | memoryview, str] | None:
-        """(bytes of blocks first..last of a chunk, "memory" | "disk"), or None on a miss.
-        `ahead`: a read-ahead's load, whose bytes take no held chunk's room (memory.py)."""
+    def read_memory(self, ckey: bytes, first: int, last: int) -> bytes | memoryview | None:
+        """Blocks first..last of a chunk if the memory tier has them all (a hit counted)."""
         data = self.in_memory(ckey, first, last)
         if data is not None:
             self._memory_hits.inc()
-            if touch:
-                self.touch(ckey)
-            return data, "memory"
+        return data
+
+    async def read_disk(self, ckey: bytes, first: int, last: int) -> bytes | memoryview | None:
+        """Blocks first..last of a chunk from the disk tier, verified, or None (a miss; a
+        chunk that fails verification is dropped and is a miss: the cache is a hint)."""
         rec = self._index.get(ckey)
         if rec is None:
             self.metrics.cache_misses.inc()
@@ -252,28 +252,42 @@ class ChunkCache:
             self.metrics.cache_misses.inc()
             return None
         self._disk_hits.inc()
-        bs = self.block_size
-        # the memory tier keeps what was read, or views of it, without a copy
-        if first == 0 and last == self.blocks_of(rec.length) - 1:
-            self.memory.put((ckey, WHOLE), data, ahead=ahead)
-        elif first == last:
-            self.memory.put((ckey, first), data, ahead=ahead)
-        else:
-            view = memoryview(data)
-            for i, b in enumerate(range(first, last + 1)):
-                self.memory.put((ckey, b), view[i * bs:(i + 1) * bs], ahead=ahead)
+        self._publish()
+        return data
+
+    def keep(self, ckey: bytes, first: int, last: int, data: bytes | memoryview, *,
+             whole: bool, ahead: bool = False) -> bool:
+        """Put blocks first..last of a chunk (`whole`: all of it) in the memory tier, or
+        views of them, without a copy; False if the tier had no room (memory.py: reserved
+        bytes are not evictable, and a read-ahead's bytes, `ahead`, do not take held
+        ones' room)."""
+        if whole:
+            return self.memory.put((ckey, WHOLE), data, ahead=ahead)
+        if first == last:
+            return self.memory.put((ckey, first), data, ahead=ahead)
+        bs, view, kept = self.block_size, memoryview(data), True
+        for i, b in enumerate(range(first, last + 1)):
+            kept &= self.memory.put((ckey, b), view[i * bs:(i + 1) * bs], ahead=ahead)
+        return kept
+
+    async def read(self, ckey: bytes, first: int, last: int, *, touch: bool,
+                   ahead: bool = False) -> tuple[bytes | memoryview, str] | None:
+        """The memory tier, then the disk tier, for callers that know a chunk key only
+        (tests, tools); the daemon reads through tierfs/read/walk.py."""
+        data = self.read_memory(ckey, first, last)
+        source = "memory"
+        if data is None:
+            data, source = await self.read_disk(ckey, first, last), "disk"
+            if data is None:
+                return None
+            rec = self._index.get(ckey)
+            whole = first == 0 and rec is not None and last == self.blocks_of(rec.length) - 1
+            self.keep(ckey, first, last, data, whole=whole, ahead=ahead)
         if touch:
             self.touch(ckey)
-        self._publish()
-        return data, "disk"
+        return data, source
 
     # ---- fills and eviction --------------------------------------------------------
-
-    def remember(self, ckey: bytes, data: bytes, *, ahead: bool = False) -> bool:
-        """Put a freshly fetched chunk in the memory tier (synchronous, before any await);
-        False if the tier had no room for it (memory.py: reserved bytes are not evictable,
-        and a read-ahead's chunk, `ahead`, does not take held ones' room)."""
-        return self.memory.put((ckey, WHOLE), data, ahead=ahead)
 
     async def fill(self, obj: ObjectVersion, ckey: bytes, data: bytes,
                    kind: Fill = Fill.READ, *, held: int = 0) -> None:

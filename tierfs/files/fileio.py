@@ -40,7 +40,8 @@ from ..cache import ChunkCache, ObjectVersion
 from ..telemetry.callers import Callers
 from ..errors import (BackendError, CrossDevice, Exists, FileTooBig, InvalidArgument,
     IsADirectory, NotADirectory, NotFound, PreconditionFailed, StaleObject)
-from ..read.fetch import Fetcher
+from ..cache.tier import Want
+from ..read.walk import TierWalk
 from ..index.inodes import Inode
 from ..metrics import Metrics
 from .namespace import Caller, Namespace
@@ -80,7 +81,7 @@ class OpenFile:
 
 
 class FileIO:
-    def __init__(self, namespace: Namespace, cache: ChunkCache, fetcher: Fetcher,
+    def __init__(self, namespace: Namespace, cache: ChunkCache, walk: TierWalk,
                  prefetcher: Prefetcher, metrics: Metrics, *, bucket: str,
                  writeback: WriteBack | None = None, rename_max_objects: int = 1000,
                  usage: Usage | None = None, callers: Callers | None = None,
@@ -90,11 +91,11 @@ class FileIO:
         self.wb = writeback
         self.rename_max_objects = rename_max_objects
         self.cache = cache
-        self.fetcher = fetcher
+        self.walk = walk
         self.prefetcher = prefetcher
         self.metrics = metrics
         self.bucket = bucket
-        self.chunk_size = fetcher.chunk_size
+        self.chunk_size = walk.chunk_size
         self._handles: dict[int, OpenFile] = {}
         self._next_fh = itertools.count(1)
         # which version the kernel's pages of each file hold, and which handles go
@@ -288,30 +289,26 @@ class FileIO:
             waited += w
             if w > longest:
                 longest, delay = w, "queue"
-            hit = await self.cache.read(ckey, first, last, touch=first_access)
+            t = perf_counter()
+            got = await self.walk.read(Want(obj, index, first, last, access=first_access))
+            source = tier = got.source
             brought = None  # where a fetch for this handle brought the chunk from
-            if hit is not None:
-                data, source = hit
-                tier = source
-                brought = h.pattern.fetched.get(index)
-                if brought is None and index in h.pattern.loaded:
-                    brought = "disk"
-                skip = first * bs
-                pieces.append(memoryview(data)[lo - skip:hi - skip])
-            else:
-                t = perf_counter()
-                data, source = await self.fetcher.fetch(obj, index, access=first_access)
+            if got.fetched:
                 w = perf_counter() - t
                 waited += w
                 if w > longest:
-                    # a tier here: the chunk was stored while this read waited for the
-                    # fetcher's backpressure (the queue)
+                    # a cache tier here: the chunk was stored while this read waited for
+                    # the walk's backpressure (the queue)
                     longest, delay = w, source if source in ("backend", "peer") else "queue"
-                tier = source
-                if source in ("backend", "peer"):
-                    h.pattern.fetched[index] = source
-                    h.delivered[index] = hi
-                pieces.append(memoryview(data)[lo:hi])
+            if source in ("backend", "peer"):
+                h.pattern.fetched[index] = source
+                h.delivered[index] = hi
+            else:
+                brought = h.pattern.fetched.get(index)
+                if brought is None and index in h.pattern.loaded:
+                    brought = "disk"
+            skip = first * bs
+            pieces.append(memoryview(got.data)[lo - skip:hi - skip])
             # bytes of a chunk brought in for this handle that it had not read yet count
             # where the fetch brought them from; a re-read counts where it is served from
             new = 0

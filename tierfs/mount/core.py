@@ -2,7 +2,7 @@
 
 The daemon and the in-process test harness (tests/unit/unitkit.py) build the core here,
 and only here, so what the tests drive is what the daemon runs: the chunk cache over its
-recovered cache dir, the fetcher and read-ahead, write-back with its journal recovered,
+recovered cache dir, the read walk and read-ahead, write-back with its journal recovered,
 the namespace, file I/O and warm, and the background services (index flusher, uploaders,
 orphaned-upload cleanup, pin expiry, the stall watch, the store's health probe, the
 usage flusher) under the `Tasks` supervisor: a service that fails is logged, counted and
@@ -36,7 +36,7 @@ import trio
 from ..telemetry.analytics import Analytics
 from ..backend.base import Backend
 from ..backend.runner import AsyncBackend
-from ..cache import Admission, ChunkCache
+from ..cache import Admission, ChunkCache, ObjectVersion
 from ..cache.disk import DiskTier
 from ..cache.evictor import Evictor
 from ..cache.memory import MemoryTier
@@ -45,7 +45,8 @@ from ..telemetry.capacity import CapacityHistory
 from ..config import MountConfig, read_peer_secret
 from ..errors import StartupError
 from ..files.exclusive import ConditionalWrites
-from ..read.fetch import Fetcher
+from ..cache.tier import Bytes, Want
+from ..read.walk import TierWalk
 from ..files.fileio import FileIO
 from ..backend.health import BackendHealth
 from ..index.meta import MetaStore
@@ -94,7 +95,7 @@ class Core:
     memory: MemoryTier
     cache: ChunkCache
     tasks: CoreTasks
-    fetcher: Fetcher
+    walk: TierWalk
     prefetcher: Prefetcher
     writeback: WriteBack
     namespace: Namespace
@@ -195,13 +196,13 @@ async def build_core(cfg: MountConfig, backend: Backend | AsyncBackend, *,
 def _wire(cfg: MountConfig, metrics: Metrics, backend: AsyncBackend, meta: MetaStore,
           disk: DiskTier, evictor: Evictor, memory: MemoryTier, cache: ChunkCache,
           tasks: CoreTasks, clock: Callable[[], float], kept: int, dropped: int) -> Core:
-    fetcher = Fetcher(backend, cache, cfg.chunk_size, tasks)
-    prefetcher = Prefetcher(fetcher, cache, metrics, tasks, max_window=cfg.readahead_chunks,
+    walk = TierWalk(backend, cache, cfg.chunk_size, tasks)
+    prefetcher = Prefetcher(walk, cache, metrics, tasks, max_window=cfg.readahead_chunks,
                             max_queued=2 * cfg.readahead_chunks)
     wb = WriteBack(meta, cache, backend, metrics, bucket=cfg.source.bucket,
                    cache_dir=cfg.effective_cache_dir, chunk_size=cfg.chunk_size,
                    writeback=cfg.writeback, dirty_wait_s=cfg.dirty_wait,
-                   read_base=fetcher.read_through, clock=clock)
+                   read_base=_base_reader(walk), clock=clock)
     recovered = wb.recover()
     if recovered:
         log.info("%d files with unsaved writes recovered from the journal", recovered)
@@ -220,16 +221,24 @@ def _wire(cfg: MountConfig, metrics: Metrics, backend: AsyncBackend, meta: MetaS
     usage = Usage(meta, metrics, clock=clock)
     stalls = StallLog(metrics, threshold_s=cfg.stall_threshold, tenants=cfg.tenants.names(),
                       clock=clock)
-    fileio = FileIO(ns, cache, fetcher, prefetcher, metrics, bucket=cfg.source.bucket,
+    fileio = FileIO(ns, cache, walk, prefetcher, metrics, bucket=cfg.source.bucket,
                     writeback=wb, rename_max_objects=cfg.rename_max_objects, usage=usage,
                     callers=Callers(), tenant_of=cfg.tenants.of, stalls=stalls)
-    warmer = Warmer(ns, cache, fetcher, metrics, bucket=cfg.source.bucket,
+    warmer = Warmer(ns, cache, walk, metrics, bucket=cfg.source.bucket,
                     has_local_writes=wb.is_dirty)
     peers = _peer_tier(cfg, metrics) if cfg.peers is not None else None
-    fetcher.peers = peers
-    return Core(cfg, metrics, backend, meta, disk, evictor, memory, cache, tasks, fetcher,
+    if peers is not None:
+        walk.add_peers(peers)
+    return Core(cfg, metrics, backend, meta, disk, evictor, memory, cache, tasks, walk,
                 prefetcher, wb, ns, fileio, warmer, peers, kept, dropped, recovered,
                 usage=usage, stalls=stalls, analytics=analytics)
+
+
+def _base_reader(walk: TierWalk) -> Callable[[ObjectVersion, int], Awaitable[Bytes]]:
+    """How the write-back reads a chunk of a partial write's base: the read walk, no heat."""
+    async def read_base(obj: ObjectVersion, index: int) -> Bytes:
+        return (await walk.read(Want(obj, index))).data
+    return read_base
 
 
 def _peer_tier(cfg: MountConfig, metrics: Metrics) -> PeerTier:
@@ -266,7 +275,7 @@ async def _start_peer_server(core: Core, services: trio.Nursery, block_size: int
     is bound before the mount is ready (a port in use is a start-up error, one line)."""
     cfg, peers = core.cfg, core.peers
     assert peers is not None and cfg.peer_listen is not None
-    serve = PeerServe(core.namespace, core.fetcher, bucket=cfg.source.bucket,
+    serve = PeerServe(core.namespace, core.walk, bucket=cfg.source.bucket,
                       block_size=block_size)
     server = PeerServer(cfg.peer_listen, read_peer_secret(cfg), serve, core.metrics,
                         ssl_context=_peer_tls(cfg, ssl.Purpose.CLIENT_AUTH),

@@ -1,7 +1,7 @@
 """What this node answers when a peer asks it for a chunk it owns (docs/peers.md).
 
 The owner serves from its memory or disk tier, or fetches the chunk from the store once
-(the fetcher's singleflight: however many peers ask, one GET) and keeps it, so the next
+(the read walk's singleflight, tierfs/read/walk.py: however many peers ask, one GET) and keeps it, so the next
 asker is served from memory. It serves only what it could serve its own readers:
 
 - chunks of keys under the prefix it mounts, in the bucket it mounts, with its own chunk
@@ -20,7 +20,8 @@ from __future__ import annotations
 
 from ..cache import ObjectVersion
 from ..errors import NotFound, PreconditionFailed, TierfsError
-from ..read.fetch import Fetcher
+from ..cache.tier import Want
+from ..read.walk import TierWalk
 from ..files.namespace import Namespace
 from ..peers.wire import NOT_MINE, ChunkReply, ChunkRequest, PeerRefused, block_crcs
 
@@ -31,9 +32,9 @@ def _not_served() -> PeerRefused:
 
 
 class PeerServe:
-    def __init__(self, ns: Namespace, fetcher: Fetcher, *, bucket: str, block_size: int) -> None:
+    def __init__(self, ns: Namespace, walk: TierWalk, *, bucket: str, block_size: int) -> None:
         self.ns = ns
-        self.fetcher = fetcher
+        self.walk = walk
         self.bucket = bucket
         self.prefix = ns.root_prefix  # "" or "a/b/": what this node mounts
         self.block_size = block_size
@@ -49,7 +50,7 @@ class PeerServe:
     async def __call__(self, req: ChunkRequest) -> ChunkReply:
         if not self.serves(req.bucket, req.key):
             raise _not_served()
-        if req.chunk_size != self.fetcher.chunk_size:
+        if req.chunk_size != self.walk.chunk_size:
             raise PeerRefused(400, "chunk size differs")
         if not 0 <= req.index * req.chunk_size < max(req.size, 1):
             raise PeerRefused(400, "chunk index past the object's end")
@@ -58,7 +59,9 @@ class PeerServe:
             raise PeerRefused(409, "this node knows another version")
         obj = ObjectVersion(req.bucket, req.key, req.etag, req.size)
         try:
-            data = await self.fetcher.for_peer(obj, req.index)
+            # a peer's read is heat, as a reader's; the store only: never round in circles
+            data = (await self.walk.read(Want(obj, req.index, access=True,
+                                              ask_peers=False))).data
         except PreconditionFailed:
             raise PeerRefused(412, "the object changed in the store") from None
         except NotFound:  # as a key outside the prefix: no way to tell the two apart

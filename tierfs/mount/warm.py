@@ -43,7 +43,7 @@ import trio
 from ..cache import ChunkCache, ObjectVersion
 from ..config import format_size
 from ..errors import InvalidArgument, NoSpace, NotFound, PreconditionFailed, TierfsError
-from ..read.fetch import Fetcher
+from ..read.walk import TierWalk
 from ..index.attrs import FILE
 from ..index.inodes import ROOT_INO, Inode
 from ..metrics import Metrics
@@ -72,11 +72,11 @@ class WarmSet:
 
 
 class Warmer:
-    def __init__(self, ns: Namespace, cache: ChunkCache, fetcher: Fetcher, metrics: Metrics, *,
+    def __init__(self, ns: Namespace, cache: ChunkCache, walk: TierWalk, metrics: Metrics, *,
                  bucket: str, has_local_writes: Callable[[int], bool]) -> None:
         self.ns = ns
         self.cache = cache
-        self.fetcher = fetcher
+        self.walk = walk
         self.metrics = metrics
         self.bucket = bucket
         self._local = has_local_writes
@@ -199,10 +199,10 @@ class Warmer:
     # ---- sizes -----------------------------------------------------------------------
 
     def _chunks(self, obj: ObjectVersion) -> range:
-        return range(-(-obj.size // self.fetcher.chunk_size))
+        return range(-(-obj.size // self.walk.chunk_size))
 
     def cached_bytes(self, obj: ObjectVersion) -> int:
-        return sum(self.fetcher.chunk_length(obj, i) for i in self._chunks(obj)
+        return sum(self.walk.chunk_length(obj, i) for i in self._chunks(obj)
                    if self.cache.has(obj.chunk_key(i)))
 
     def room_for(self, objects: dict[bytes, int]) -> tuple[int, str]:
@@ -330,14 +330,14 @@ class Warmer:
                 if path in failed:
                     continue
                 try:
-                    fetched, cached = await self.fetcher.warm(obj, index)
+                    fetched, cached = await self.walk.warm(obj, index)
                 except Exception as exc:
                     err = self._failure(exc, warm_id)
                     fail(path, "changed in the bucket while warming: run the warm again"
                          if isinstance(err, PreconditionFailed) else str(err))
                     continue
                 state["bytes_fetched"] += fetched
-                state["bytes_done"] += self.fetcher.chunk_length(obj, index)
+                state["bytes_done"] += self.walk.chunk_length(obj, index)
                 self.metrics.warm_bytes.inc(fetched)
                 if not cached:
                     fail(path, "no room in the cache (or in its tenant's hard share): "
@@ -369,7 +369,7 @@ class Warmer:
                 continue
             for i in self._chunks(obj):
                 freed += await self.cache.evict(obj.chunk_key(i),
-                                                self.fetcher.chunk_length(obj, i))
+                                                self.walk.chunk_length(obj, i))
         await self.cache.flush_index()
         return {"files": len(ws.files), "bytes_evicted": freed, "pinned_kept": kept,
                 "errors": ws.errors[:MAX_REPORTED_ERRORS], "error_count": len(ws.errors)}

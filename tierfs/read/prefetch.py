@@ -39,7 +39,8 @@ import trio
 
 from ..cache import ChunkCache, ObjectVersion
 from ..cache.memory import WHOLE
-from .fetch import Fetcher
+from ..cache.tier import Want
+from .walk import TierWalk
 from ..metrics import Metrics
 from ..tasks import Tasks, expected_error
 
@@ -76,9 +77,9 @@ def _mib(n: int) -> str:
 
 
 class Prefetcher:
-    def __init__(self, fetcher: Fetcher, cache: ChunkCache, metrics: Metrics,
+    def __init__(self, walk: TierWalk, cache: ChunkCache, metrics: Metrics,
                  tasks: Tasks, *, max_window: int, max_queued: int) -> None:
-        self.fetcher = fetcher
+        self.walk = walk
         self.cache = cache
         self.metrics = metrics
         self._tasks = tasks
@@ -89,7 +90,7 @@ class Prefetcher:
         # what read-ahead may hold in the memory tier; chunks under way count already
         self.ahead_bytes = int(self.memory.capacity * AHEAD_SHARE)
         self._claimed = 0
-        cs = fetcher.chunk_size
+        cs = walk.chunk_size
         self._holds = cs <= self.ahead_bytes  # else read-ahead goes to the disk tier only
         fits = self.ahead_bytes // cs
         if fits < max_window:  # issue 26, M1: say so at start, not as reads that wait
@@ -102,7 +103,7 @@ class Prefetcher:
                 _mib(int((max_window + 1) * cs / AHEAD_SHARE)))
 
     def on_read(self, obj: ObjectVersion, pat: ReadPattern, offset: int, end: int) -> None:
-        cs = self.fetcher.chunk_size
+        cs = self.walk.chunk_size
         # small slop: the kernel may skip or re-issue a few pages at readahead boundaries
         if pat.next_offset and abs(offset - pat.next_offset) <= 128 << 10:
             pat.streak += 1
@@ -136,13 +137,13 @@ class Prefetcher:
         stop = min(last, current + pat.window)
         for index in range(start, stop + 1):
             ckey = obj.chunk_key(index)
-            if ckey in self._active or self.fetcher.in_flight(ckey):
+            if ckey in self._active or self.walk.in_flight(ckey):
                 continue
             if len(self._active) >= self.max_queued:
                 self.metrics.prefetch_dropped.inc()
                 return
             in_memory = self.cache.in_memory(ckey, 0, 0) is not None
-            if not self._room(pat, self.fetcher.chunk_length(obj, index), in_memory):
+            if not self._room(pat, self.walk.chunk_length(obj, index), in_memory):
                 return  # it would push out what was read ahead: go on once the reader frees some
             pat.ahead_to = index + 1
             if in_memory:
@@ -194,7 +195,7 @@ class Prefetcher:
         """Bring chunk `index` in; `reserved`: its room in the tier is reserved (`_room`)."""
         self._active[ckey] = trio.Event()
         if reserved:
-            self._claimed += self.fetcher.chunk_length(obj, index)
+            self._claimed += self.walk.chunk_length(obj, index)
         pat.pending += 1
         self._tasks.spawn("read-ahead", self._bring, obj, index, ckey, pat, reserved)
 
@@ -206,7 +207,7 @@ class Prefetcher:
 
     async def _bring(self, obj: ObjectVersion, index: int, ckey: bytes, pat: ReadPattern,
                      reserved: bool) -> None:
-        length = self.fetcher.chunk_length(obj, index)
+        length = self.walk.chunk_length(obj, index)
 
         def arrived(data: bytes | memoryview) -> None:
             """Its reserved room becomes its held entry (no await in between)."""
@@ -219,17 +220,14 @@ class Prefetcher:
                 self._hold(pat, index, ckey, data)
 
         try:
-            if self.cache.has(ckey):
-                last_block = self.cache.blocks_of(length) - 1
-                hit = await self.cache.read(ckey, 0, last_block, touch=False, ahead=True)
-                if hit is not None:
-                    if hit[1] == "disk":
-                        pat.loaded.add(index)
-                    arrived(hit[0])
-                    return
-            pat.fetched[index] = "backend"
-            data, pat.fetched[index] = await self.fetcher.fetch(obj, index, background=True)
-            arrived(data)
+            if not self.cache.has(ckey):
+                pat.fetched[index] = "backend"  # the reader's bytes count where they come from
+            got = await self.walk.read(Want(obj, index, background=True))
+            if index in pat.fetched:
+                pat.fetched[index] = got.source
+            elif got.source == "disk":
+                pat.loaded.add(index)
+            arrived(got.data)
         except Exception as exc:
             err = expected_error(exc)
             if err is None:

@@ -1,0 +1,57 @@
+"""The tier interface: every place a chunk's bytes can come from answers the same calls.
+
+A tier is the memory tier, the disk tier (tierfs/cache/tiers.py), a peer's cache or the
+object store (tierfs/read/sources.py). A read walks them nearest first (tierfs/read/
+walk.py): the first that has the chunk answers, and every tier above it is handed the
+bytes (`put`) to do with them what it does: the memory and disk tiers keep them, the
+peer tier checks what it had been told against them. A new tier (an on-prem store in
+front of a cloud bucket) is a new implementation of this, not a new special case.
+
+Integrity checks stay where bytes are received: block CRCs in the disk tier, the store's
+checksums in the backend, the HMAC of a peer's reply in the peer client.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from .keys import ObjectVersion
+
+Bytes = bytes | memoryview
+
+
+@dataclass(frozen=True, slots=True)
+class Want:
+    """What a caller wants of one chunk: blocks first..last (the cache's block size;
+    last -1: to the chunk's end) of chunk `index` of one object version."""
+
+    obj: ObjectVersion
+    index: int
+    first: int = 0
+    last: int = -1
+    access: bool = False  # a reader's first access of the chunk: it adds heat
+    background: bool = False  # read-ahead: the store's background lane, no reader's room
+    ask_peers: bool = True  # False when serving a peer: requests never go round in circles
+
+    @property
+    def ckey(self) -> bytes:
+        return self.obj.chunk_key(self.index)
+
+    @property
+    def whole(self) -> bool:
+        return self.first == 0 and self.last == -1
+
+
+class Tier(Protocol):
+    name: str  # where bytes came from, as metrics and usage say it: "memory", "disk", ...
+
+    async def get(self, want: Want) -> Bytes | None:
+        """The wanted bytes if this tier has them (a source: the whole chunk), else None.
+        A failure of a source raises (tierfs.errors); a cache tier's failure is a miss."""
+        ...
+
+    async def put(self, want: Want, data: Bytes) -> None:
+        """A tier below answered `data` (the blocks `want` names) for a chunk this one did
+        not have."""
+        ...
