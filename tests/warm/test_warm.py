@@ -33,9 +33,9 @@ def dataset(client, bucket: str) -> dict[str, bytes]:
     return objects
 
 
-def test_warmed_set_is_read_with_zero_gets_and_byte_exact(rgw, bucket, tmp_path, tierfs):
+def test_warmed_set_is_read_with_zero_gets_and_byte_exact(rgw, bucket, tierfs, mounts):
     objects = dataset(rgw.client(), bucket)
-    with Mount(rgw, f"s3://{bucket}", tmp_path / "mnt", tmp_path / "cache", SMALL) as m:
+    with mounts.start(*SMALL) as m:
         r = tierfs("warm", m.path / "train", m.path / "ckpt/run42/*.pt", "--json")
         assert r.rc == 0, r.err
         s = r.summary
@@ -54,11 +54,11 @@ def test_warmed_set_is_read_with_zero_gets_and_byte_exact(rgw, bucket, tmp_path,
         assert m.counter("tierfs_backend_bytes_total") == s["bytes"]
 
 
-def test_check_reports_without_fetching_and_a_rerun_resumes(rgw, bucket, tmp_path, tierfs):
+def test_check_reports_without_fetching_and_a_rerun_resumes(rgw, bucket, tierfs, mounts):
     objects = dataset(rgw.client(), bucket)
     train = sum(len(v) for k, v in objects.items() if k.startswith("train/"))
     ckpt = sum(len(v) for k, v in objects.items() if k.startswith("ckpt/"))
-    with Mount(rgw, f"s3://{bucket}", tmp_path / "mnt", tmp_path / "cache", SMALL) as m:
+    with mounts.start(*SMALL) as m:
         r = tierfs("warm", "--check", m.path / "train", m.path / "ckpt", "--json")
         assert r.rc == 3, r.err  # not cached yet
         assert r.summary["bytes"] == train + ckpt and r.summary["bytes_cached_before"] == 0
@@ -74,13 +74,13 @@ def test_check_reports_without_fetching_and_a_rerun_resumes(rgw, bucket, tmp_pat
         assert gets(m) == g
 
 
-def test_interrupted_warm_resumes_without_fetching_twice(rgw, bucket, tmp_path, tierfs):
+def test_interrupted_warm_resumes_without_fetching_twice(rgw, bucket, tierfs, mounts):
     # 64 KiB chunks, one GET at a time: 1536 GETs, a warm of several seconds
     objects = {f"big/{i}.bin": payload(f"b{i}", 4 * MiB) for i in range(24)}
     put_many(rgw.client(), bucket, objects)
     chunks = 24 * 4 * 16
     args = ["--chunk-size", "64K", "--memory-cache-size", "0"]
-    with Mount(rgw, f"s3://{bucket}", tmp_path / "mnt", tmp_path / "cache", args) as m:
+    with mounts.start(*args) as m:
         # SIGINT as at a terminal: a suite started in the background (`cmd &`) hands its
         # children SIGINT ignored, and Python then installs no KeyboardInterrupt for it
         client = subprocess.Popen([sys.executable, "-m", "tierfs", "warm", m.path / "big",
@@ -112,12 +112,12 @@ def test_interrupted_warm_resumes_without_fetching_twice(rgw, bucket, tmp_path, 
             assert read_uncached(m.path / key) == data
 
 
-def test_pinned_set_survives_a_scan_and_unpin_releases_it(rgw, bucket, tmp_path, tierfs):
+def test_pinned_set_survives_a_scan_and_unpin_releases_it(rgw, bucket, tierfs, mounts):
     keep = {f"keep/{i}.bin": payload(f"k{i}", 2 * MiB) for i in range(3)}
     scan = {f"scan/{i:02}.bin": payload(f"s{i}", MiB) for i in range(40)}
     put_many(rgw.client(), bucket, {**keep, **scan})
     args = ["--cache-size", "16M", *SMALL]
-    with Mount(rgw, f"s3://{bucket}", tmp_path / "mnt", tmp_path / "cache", args) as m:
+    with mounts.start(*args) as m:
         assert tierfs("warm", m.path / "keep", "--job", "42").rc == 0
         st = tierfs("status", m.path, "--json")
         assert st.rc == 0, st.err
@@ -143,10 +143,10 @@ def test_pinned_set_survives_a_scan_and_unpin_releases_it(rgw, bucket, tmp_path,
         assert tierfs("warm", "--check", m.path / "keep").rc == 3  # evictable again, evicted
 
 
-def test_set_larger_than_the_cache_is_refused_up_front(rgw, bucket, tmp_path, tierfs):
+def test_set_larger_than_the_cache_is_refused_up_front(rgw, bucket, tierfs, mounts):
     put_many(rgw.client(), bucket, {f"d/{i}.bin": payload(f"d{i}", 4 * MiB) for i in range(6)})
     args = ["--cache-size", "16M", *SMALL]
-    with Mount(rgw, f"s3://{bucket}", tmp_path / "mnt", tmp_path / "cache", args) as m:
+    with mounts.start(*args) as m:
         r = tierfs("warm", m.path / "d")
         assert r.rc == 1
         lines = r.err.strip().splitlines()
@@ -159,9 +159,9 @@ def test_set_larger_than_the_cache_is_refused_up_front(rgw, bucket, tmp_path, ti
         assert r.rc == 1 and "pinned by others" in r.err
 
 
-def test_evict_drops_unpinned_files_and_keeps_pinned_ones(rgw, bucket, tmp_path, tierfs):
+def test_evict_drops_unpinned_files_and_keeps_pinned_ones(rgw, bucket, tierfs, mounts):
     objects = dataset(rgw.client(), bucket)
-    with Mount(rgw, f"s3://{bucket}", tmp_path / "mnt", tmp_path / "cache", SMALL) as m:
+    with mounts.start(*SMALL) as m:
         assert tierfs("warm", m.path / "train").rc == 0
         assert tierfs("warm", m.path / "ckpt/run42", "--pin").rc == 0
         r = tierfs("evict", m.path / "train", m.path / "ckpt", "--json")
@@ -179,12 +179,11 @@ def test_evict_drops_unpinned_files_and_keeps_pinned_ones(rgw, bucket, tmp_path,
         assert status["pinned"]["files"] == 1
 
 
-def test_pins_and_warmed_data_survive_a_restart(rgw, bucket, tmp_path, tierfs):
+def test_pins_and_warmed_data_survive_a_restart(rgw, bucket, tierfs, mounts):
     objects = dataset(rgw.client(), bucket)
-    mnt, cache = tmp_path / "mnt", tmp_path / "cache"
-    with Mount(rgw, f"s3://{bucket}", mnt, cache, SMALL) as m:
+    with mounts.start(*SMALL) as m:
         assert tierfs("warm", m.path / "ckpt/run42", "--job", "9", "--pin-ttl", "2h").rc == 0
-    with Mount(rgw, f"s3://{bucket}", mnt, cache, SMALL) as m:
+    with mounts.start(*SMALL) as m:
         (status,) = tierfs("status", m.path, "--json").events
         (owner,) = status["pinned"]["owners"]
         assert owner["owner"] == "job:9" and owner["files"] == 2
@@ -194,10 +193,10 @@ def test_pins_and_warmed_data_survive_a_restart(rgw, bucket, tmp_path, tierfs):
         assert gets(m) == 0
 
 
-def test_many_small_files_list_once_and_never_head(rgw, bucket, tmp_path, tierfs):
+def test_many_small_files_list_once_and_never_head(rgw, bucket, tierfs, mounts):
     objects = {f"many/{i // 500}/{i:05}.txt": f"sample {i}\n".encode() * 10 for i in range(1500)}
     put_many(rgw.client(), bucket, objects, threads=32)
-    with Mount(rgw, f"s3://{bucket}", tmp_path / "mnt", tmp_path / "cache", SMALL) as m:
+    with mounts.start(*SMALL) as m:
         lists = m.counter("tierfs_backend_requests_total", op="list")
         r = tierfs("warm", m.path / "many", "--json")
         assert r.rc == 0, r.err
@@ -211,10 +210,10 @@ def test_many_small_files_list_once_and_never_head(rgw, bucket, tmp_path, tierfs
         assert gets(m) == 1500
 
 
-def test_bad_input_gets_one_line_and_nonzero_exit(rgw, bucket, tmp_path, tierfs):
+def test_bad_input_gets_one_line_and_nonzero_exit(rgw, bucket, tmp_path, tierfs, mounts):
     dataset(rgw.client(), bucket)
     manifest = tmp_path / "manifest.txt"
-    with Mount(rgw, f"s3://{bucket}", tmp_path / "mnt", tmp_path / "cache", SMALL) as m:
+    with mounts.start(*SMALL) as m:
         manifest.write_text(f"# the job's data\n{m.path}/train/labels\n\n{m.path}/nope/*\n")
         r = tierfs("warm", "--manifest", manifest, m.path / "missing.bin")
         assert r.rc == 1
@@ -242,13 +241,13 @@ def test_bad_input_gets_one_line_and_nonzero_exit(rgw, bucket, tmp_path, tierfs)
             assert len(r.err.strip().splitlines()) == 1 and "Traceback" not in r.err, r.err
 
 
-def test_control_socket_is_private_and_speaks_a_versioned_protocol(rgw, bucket, tmp_path):
+def test_control_socket_is_private_and_speaks_a_versioned_protocol(rgw, bucket, mounts):
     import json
     import socket
 
     from tierfs.cli.ctl import ControlError, request, tierfs_mounts
 
-    with Mount(rgw, f"s3://{bucket}", tmp_path / "mnt", tmp_path / "cache", SMALL) as m:
+    with mounts.start(*SMALL) as m:
         (mount,) = [t for t in tierfs_mounts() if t.mountpoint == m.mountpoint]
         st = os.stat(mount.socket)
         assert st.st_mode & 0o777 == 0o600 and st.st_uid == 0
@@ -281,14 +280,14 @@ def test_control_socket_is_private_and_speaks_a_versioned_protocol(rgw, bucket, 
 
 
 def test_reads_during_a_warm_get_exact_bytes_and_no_chunk_is_fetched_twice(rgw, bucket,
-                                                                           tmp_path):
+                                                                           mounts):
     import threading
 
     objects = {f"mix/{i}.bin": payload(f"m{i}", 2 * MiB + 4321 * i) for i in range(6)}
     put_many(rgw.client(), bucket, objects)
     chunks = sum(-(-len(v) // (64 << 10)) for v in objects.values())
     args = ["--chunk-size", "64K", "--memory-cache-size", "0"]
-    with Mount(rgw, f"s3://{bucket}", tmp_path / "mnt", tmp_path / "cache", args) as m:
+    with mounts.start(*args) as m:
         warm = subprocess.Popen([sys.executable, "-m", "tierfs", "warm", m.path / "mix",
                                  "--concurrency", "4"], stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True)
