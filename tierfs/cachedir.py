@@ -10,6 +10,9 @@ at every mount `prepare_cache_dir` makes the directory private again and, when i
 (a cache made by an older tierfs, or chmod'ed by hand), tightens everything below it with
 one WARNING. A cache dir that another non-root user owns is refused: that user could
 read, replace or plant anything in it.
+
+`Layout` is the one place that spells the names inside a cache dir: the daemon, fsck and
+gc all find things through it.
 """
 
 from __future__ import annotations
@@ -22,6 +25,39 @@ import stat
 from .errors import StartupError
 
 log = logging.getLogger(__name__)
+
+# the entries of a cache dir (the chunk files' format is versioned in the index itself:
+# tierfs/index/chunks.py, CHUNK_FORMAT)
+CHUNKS = "chunks"  # chunk files, CHUNKS/<first 2 hex digits>/<chunk name>
+TMP = "tmp"  # chunk files being written, renamed into CHUNKS when complete
+DIRTY = "dirty"  # staging files of files written through the mount (tierfs/writeback)
+INDEX = "index"  # the LMDB index (tierfs/index)
+JOURNAL = "journal"  # the write-back journal (tierfs/index/journal.py)
+LOCK = "lock"  # held by the one daemon (or fsck) using the dir
+LOG = "tierfs.log"  # the daemon's log when it runs in the background
+LOST_FOUND = "lost+found"  # what fsck --repair moved out of the way
+ENTRIES = (LOCK, INDEX, JOURNAL, CHUNKS, DIRTY)  # a folder with one of these is a cache dir
+
+
+class Layout:
+    """The paths inside one cache dir."""
+
+    def __init__(self, root: str) -> None:
+        self.root = root
+        self.chunks = os.path.join(root, CHUNKS)
+        self.tmp = os.path.join(root, TMP)
+        self.dirty = os.path.join(root, DIRTY)
+        self.index = os.path.join(root, INDEX)
+        self.journal = os.path.join(root, JOURNAL)
+        self.lock = os.path.join(root, LOCK)
+        self.log = os.path.join(root, LOG)
+        self.lost_found = os.path.join(root, LOST_FOUND)
+
+    def chunk_file(self, name: str) -> str:
+        return os.path.join(self.chunks, name[:2], name)
+
+    def tmp_file(self, name: str) -> str:
+        return os.path.join(self.tmp, name)
 
 UMASK = 0o077
 DIR_MODE = 0o700
@@ -106,7 +142,7 @@ def lock_cache_dir(path: str) -> int:
     life). A second daemon on the same dir is one error line naming the first one's pid."""
     prepare_cache_dir(path)
     try:
-        fd = os.open(os.path.join(path, "lock"), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW
+        fd = os.open(Layout(path).lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW
                      | os.O_CLOEXEC, FILE_MODE)
     except OSError as exc:
         raise StartupError(f"cache dir {path}: cannot open its lock file: "

@@ -33,6 +33,7 @@ from typing import Callable
 
 import google_crc32c
 
+from ..cachedir import Layout
 from ..errors import CacheCorrupt
 from .keys import chunk_name
 
@@ -229,8 +230,9 @@ class DiskTier:
     def __init__(self, root: str, block_size: int, *, open_files: int = _FDS_MAX) -> None:
         self.root = root
         self.block_size = block_size
-        self.chunk_dir = os.path.join(root, "chunks")
-        self.tmp_dir = os.path.join(root, "tmp")
+        self.layout = Layout(root)
+        self.chunk_dir = self.layout.chunks
+        self.tmp_dir = self.layout.tmp
         os.makedirs(self.chunk_dir, exist_ok=True)
         os.makedirs(self.tmp_dir, exist_ok=True)
         self._direct_ok = hasattr(os, "O_DIRECT")
@@ -241,8 +243,7 @@ class DiskTier:
         self._finalizer = weakref.finalize(self, self._fds.close_all)
 
     def path(self, ckey: bytes) -> str:
-        name = chunk_name(ckey)
-        return os.path.join(self.chunk_dir, name[:2], name)
+        return self.layout.chunk_file(chunk_name(ckey))
 
     def checksums(self, data: bytes | bytearray | memoryview) -> tuple[int, ...]:
         return tuple(block_crcs(data, self.block_size))
@@ -258,7 +259,7 @@ class DiskTier:
         """Write a chunk whose bytes `fill` puts into the buffer it is given (a GET can read
         its body straight into it: no chunk-sized allocation, no copy). Returns the CRCs."""
         path = self.path(ckey)
-        tmp = os.path.join(self.tmp_dir, os.path.basename(path))
+        tmp = self.layout.tmp_file(os.path.basename(path))
         padded = -(-length // _ALIGN) * _ALIGN
         direct = self._direct_ok and length >= _DIRECT_MIN
         buf = self._buffer(padded) if direct else bytearray(length)
@@ -413,7 +414,7 @@ class DiskTier:
     def scan(self) -> dict[str, int]:
         """Clear tmp/ and return {chunk file name: size} of every chunk file present."""
         for name in os.listdir(self.tmp_dir):
-            os.unlink(os.path.join(self.tmp_dir, name))
+            os.unlink(self.layout.tmp_file(name))
         present = {}
         for sub in os.listdir(self.chunk_dir):
             d = os.path.join(self.chunk_dir, sub)
@@ -423,6 +424,6 @@ class DiskTier:
 
     def delete_name(self, name: str) -> None:
         try:
-            os.unlink(os.path.join(self.chunk_dir, name[:2], name))
+            os.unlink(self.layout.chunk_file(name))
         except FileNotFoundError:
             pass

@@ -37,7 +37,8 @@ from typing import Callable, Sequence
 import lmdb
 
 from ..errors import TierfsError
-from ..index.journal import JOURNAL_NAME, JournalState, scan_file, write_file
+from ..cachedir import ENTRIES, Layout
+from ..index.journal import JournalState, scan_file, write_file
 from ..index.chunks import ChunkRecord, chunk_format
 from ..index.env import CHUNK_FORMAT_KEY, CHUNKS, INFO, JOURNAL, SOURCE
 from ..index.meta import MetaStore
@@ -103,7 +104,7 @@ class Report:
 def lock(cache_dir: str) -> int:
     """Take the cache dir's lock as a daemon would (tierfs.mount.daemon.lock_cache_dir): a
     running daemon makes this fail, and no daemon can start while fsck runs."""
-    path = os.path.join(cache_dir, "lock")
+    path = Layout(cache_dir).lock
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
     except OSError as exc:
@@ -128,7 +129,7 @@ def _stamp() -> str:
 
 
 def _to_lost_found(cache_dir: str, path: str) -> str:
-    dest_dir = os.path.join(cache_dir, "lost+found")
+    dest_dir = Layout(cache_dir).lost_found
     os.makedirs(dest_dir, exist_ok=True)
     dest = os.path.join(dest_dir, os.path.basename(path))
     os.rename(path, dest)
@@ -136,8 +137,7 @@ def _to_lost_found(cache_dir: str, path: str) -> str:
 
 
 def check_journal(cache_dir: str, report: Report, index_marked: bool) -> None:
-    jpath = os.path.join(cache_dir, JOURNAL_NAME)
-    staging_dir = os.path.join(cache_dir, "dirty")
+    jpath, staging_dir = Layout(cache_dir).journal, Layout(cache_dir).dirty
     staged = sorted(os.listdir(staging_dir)) if os.path.isdir(staging_dir) else []
     trusted = True  # whether the journal can say which staging files matter
     state = JournalState()
@@ -258,7 +258,7 @@ def _verify(path: str, rec: ChunkRecord,
 
 def _chunk_files(cache_dir: str) -> dict[str, str]:
     out = {}
-    root = os.path.join(cache_dir, "chunks")
+    root = Layout(cache_dir).chunks
     if os.path.isdir(root):
         for sub in sorted(os.listdir(root)):
             d = os.path.join(root, sub)
@@ -274,7 +274,7 @@ def check_index(cache_dir: str, report: Report, problem: str | None) -> None:
     # included) imports this module to register its parser
     from ..cache.keys import chunk_name
 
-    index = os.path.join(cache_dir, "index")
+    index = Layout(cache_dir).index
     if problem is not None:
         p = report.add("index", index, f"damaged: {problem}")
         if not report.repair:
@@ -288,7 +288,7 @@ def check_index(cache_dir: str, report: Report, problem: str | None) -> None:
         p.repaired = True
         # then the chunk files against the new index: those it did not re-adopt go
     files = _chunk_files(cache_dir)
-    tmp = os.path.join(cache_dir, "tmp")
+    tmp = Layout(cache_dir).tmp
     if os.path.exists(os.path.join(index, "data.mdb")):
         env = lmdb.open(index, max_dbs=16, readonly=not report.repair, lock=report.repair,
                         readahead=False)
@@ -321,8 +321,7 @@ def check_index(cache_dir: str, report: Report, problem: str | None) -> None:
                             txn.delete(key)
                     for key in bad:
                         try:
-                            os.unlink(os.path.join(cache_dir, "chunks", chunk_name(key)[:2],
-                                                   chunk_name(key)))
+                            os.unlink(Layout(cache_dir).chunk_file(chunk_name(key)))
                         except FileNotFoundError:
                             pass
                     for p in report.problems:
@@ -357,15 +356,14 @@ def fsck(cache_dir: str, *, repair: bool) -> Report:
     cache_dir = os.path.abspath(cache_dir)
     if not os.path.isdir(cache_dir):
         raise FsckRefused(f"cache dir {cache_dir} does not exist")
-    known = {"index", JOURNAL_NAME, "chunks", "dirty"}
-    if not known & set(os.listdir(cache_dir)):
+    if not set(ENTRIES) & set(os.listdir(cache_dir)):
         raise FsckRefused(f"{cache_dir} is not a tierfs cache dir (no index, journal or chunks)")
     report = Report(cache_dir, repair)
     fd = lock(cache_dir)
     try:
         # the journal first: a damaged one makes a mount refuse, and the index repair
         # (which opens the store as a mount does) needs a readable journal
-        index = os.path.join(cache_dir, "index")
+        index = Layout(cache_dir).index
         problem = probe_index(index)
         check_journal(cache_dir, report, problem is None and _marked(index))
         check_index(cache_dir, report, problem)

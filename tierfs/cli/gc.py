@@ -48,7 +48,8 @@ from dataclasses import asdict, dataclass, field
 
 from ..config import format_size, printable
 from ..errors import TierfsError
-from ..index.journal import JOURNAL_NAME, JournalState, scan_bytes
+from ..cachedir import ENTRIES, INDEX, JOURNAL, LOCK, LOG, Layout
+from ..index.journal import JournalState, scan_bytes
 from ..mount.mountinfo import mounts
 
 DEFAULT_ROOT = "/var/cache/tierfs"  # the folder of config's default cache dirs
@@ -56,9 +57,9 @@ DEFAULT_MIN_AGE_DAYS = 7.0
 TRASH_PREFIX = ".tierfs-gc-"
 DONE, FAILED, USAGE = 0, 1, 2
 # what a mount writes as it is used (see the module doc); the dir itself counts too
-_USE_MARKS = ("lock", "index/data.mdb", "index/lock.mdb", JOURNAL_NAME, "tierfs.log")
+_USE_MARKS = (LOCK, f"{INDEX}/data.mdb", f"{INDEX}/lock.mdb", JOURNAL, LOG)
 # what makes a folder a tierfs cache dir: a daemon creates the lock before anything else
-_CACHE_MARKS = ("lock", "index", JOURNAL_NAME, "chunks", "dirty")
+_CACHE_MARKS = ENTRIES
 
 
 class GcRefused(TierfsError):
@@ -201,7 +202,7 @@ class JournalView:
 
 
 def read_journal(cache_dir: str, staged: list[str]) -> JournalView:
-    path = os.path.join(cache_dir, JOURNAL_NAME)
+    path = Layout(cache_dir).journal
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except FileNotFoundError:
@@ -234,7 +235,7 @@ def _lock(cache_dir: str, create: bool) -> int | None:
     create is False). BlockingIOError: a daemon holds it."""
     flags = os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC | (os.O_CREAT if create else 0)
     try:
-        fd = os.open(os.path.join(cache_dir, "lock"), flags, 0o600)
+        fd = os.open(Layout(cache_dir).lock, flags, 0o600)
     except FileNotFoundError:
         return None
     try:
@@ -247,7 +248,7 @@ def _lock(cache_dir: str, create: bool) -> int | None:
 
 def _holder(cache_dir: str) -> str:
     try:
-        with open(os.path.join(cache_dir, "lock"), "rb") as f:
+        with open(Layout(cache_dir).lock, "rb") as f:
             return f.read(32).decode(errors="replace").strip() or "?"
     except OSError:
         return "?"
@@ -275,7 +276,7 @@ def judge(cache_dir: str, min_age_s: float, now: float, dry_run: bool, trash: st
 
 def _judge_locked(cache_dir: str, idle_s: float, idle_days: float, min_age_s: float,
                   dry_run: bool, trash: str) -> Verdict:
-    dirty_dir, tmp_dir = os.path.join(cache_dir, "dirty"), os.path.join(cache_dir, "tmp")
+    dirty_dir, tmp_dir = Layout(cache_dir).dirty, Layout(cache_dir).tmp
     staged = _entries(dirty_dir)
     journal = read_journal(cache_dir, staged)
     v = Verdict(cache_dir, "keep", "", idle_days=idle_days)

@@ -28,7 +28,7 @@ from typing import IO, NoReturn
 from ..mount import sdnotify
 from ..config import (FLAG_OPTIONS, MountConfig, build_config, build_config_with_file,
     parse_o_options, printable, read_config_file)
-from ..cachedir import private_umask
+from ..cachedir import Layout, private_umask
 from ..errors import StartupError, TierfsError, UsageError
 from ..mount.hardening import protect_process
 from ..mount.mountinfo import is_mountpoint
@@ -167,7 +167,7 @@ def _config(args: argparse.Namespace) -> MountConfig:
 
 
 def _default_log_file(cfg: MountConfig) -> str:
-    return os.path.join(cfg.effective_cache_dir, "tierfs.log")
+    return Layout(cfg.effective_cache_dir).log
 
 
 def _setup_logging(cfg: MountConfig, background: bool) -> str | None:

@@ -39,7 +39,6 @@ from ..errors import NoSpace, StartupError, TierfsError
 
 log = logging.getLogger(__name__)
 
-JOURNAL_NAME = "journal"
 HEADER = b"TIERFSJ\x01"
 MARK = b"TJR1"
 _REC = struct.Struct(">4sII")  # mark, body length, crc32 of the body

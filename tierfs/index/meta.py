@@ -33,7 +33,8 @@ from .chunks import ChunkTable, chunk_format
 from .env import (CHUNK_FORMAT_KEY, CHUNKS, INFO, JOURNAL, LEGACY, OBJECTS, PINS,
                   SCHEMA_VERSION, U64, IndexEnv)
 from .inodes import InodeTable
-from .journal import JOURNAL_NAME, RECOVERY_HINT, Journal, JournalDamaged
+from ..cachedir import Layout
+from .journal import RECOVERY_HINT, Journal, JournalDamaged
 from .pins import PinTable
 from .probe import PROBE_TIMEOUT_S, Salvage, probe_index, salvage_index, set_aside
 from .usage import UsageTable
@@ -45,7 +46,7 @@ _DIRTY, _UPLOADS = LEGACY
 
 def _staging_files(cache_dir: str) -> list[str]:
     try:
-        return sorted(os.listdir(os.path.join(cache_dir, "dirty")))
+        return sorted(os.listdir(Layout(cache_dir).dirty))
     except FileNotFoundError:
         return []
 
@@ -55,7 +56,7 @@ class MetaStore:
                  probe_timeout_s: float = PROBE_TIMEOUT_S) -> None:
         self.path = path
         cache_dir = os.path.dirname(os.path.abspath(path))
-        jpath = os.path.join(cache_dir, JOURNAL_NAME)
+        jpath = Layout(cache_dir).journal
         # a damaged journal is the first thing to know: nothing else is touched then
         journal = Journal.open(jpath) if os.path.exists(jpath) else None
         try:

@@ -42,6 +42,7 @@ from ..cache.evictor import Evictor
 from ..cache.memory import MemoryTier
 from ..telemetry.callers import Callers
 from ..telemetry.capacity import CapacityHistory
+from ..cachedir import Layout
 from ..config import MountConfig, read_peer_secret
 from ..errors import StartupError
 from ..files.exclusive import ConditionalWrites
@@ -144,7 +145,7 @@ async def build_core(cfg: MountConfig, backend: Backend | AsyncBackend, *,
     abackend = async_backend(cfg, backend, metrics)
     cache_dir = cfg.effective_cache_dir
     meta_kw = {} if index_map_size is None else {"map_size": index_map_size}
-    meta = MetaStore(os.path.join(cache_dir, "index"), str(cfg.source), **meta_kw)
+    meta = MetaStore(Layout(cache_dir).index, str(cfg.source), **meta_kw)
     try:
         disk = DiskTier(cache_dir, block_size)
         evictor = Evictor(cache_dir, cache_size=cfg.cache_size, min_free_ratio=cfg.min_free_ratio,

@@ -23,7 +23,7 @@ from . import sdnotify
 from ..backend import open_backend
 from ..backend.budget import mount_read_budget
 from ..backend.runner import AsyncBackend
-from ..cachedir import lock_cache_dir
+from ..cachedir import Layout, lock_cache_dir
 from ..config import MountConfig
 from .control import ControlServer, prepare_socket_dir
 from .core import async_backend, build_core
@@ -121,7 +121,7 @@ async def serve(cfg: MountConfig, on_ready: Callable[[], None]) -> None:
     try:
         # the index walk in a child process (~0.1-0.4 s) runs while this one imports boto3
         # and checks the bucket; MetaStore takes its answer (tierfs/index/meta.py)
-        start_probe(os.path.join(cache_dir, "index"))
+        start_probe(Layout(cache_dir).index)
         await _serve_locked(cfg, cache_dir, on_ready)
     finally:
         stop_probes()

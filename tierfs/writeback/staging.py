@@ -21,6 +21,7 @@ from typing import Awaitable, Callable
 
 import trio
 
+from ..cachedir import Layout
 from ..cache import ChunkCache, ObjectVersion
 from ..errors import BaseChanged, NoSpace, PreconditionFailed
 from ..index.meta import MetaStore
@@ -41,7 +42,7 @@ class Staging:
         self.part_size = part_size
         self.dirty_wait_s = dirty_wait_s
         self.read_base = read_base
-        self.dir = os.path.join(cache_dir, "dirty")
+        self.dir = Layout(cache_dir).dirty
         os.makedirs(self.dir, exist_ok=True)
 
     def create(self, ino: int, key: str, base: ObjectVersion | None,
