@@ -192,7 +192,7 @@ TOO_BIG = [999_999_999_999_999, 5 * TIB + 1]
 
 
 def _no_traceback(pmount):
-    log = pmount.log_since(pmount.test_log_offset)
+    log = pmount.log_since(pmount.test_log_mark)
     assert "Traceback" not in log, log[-3000:]
 
 

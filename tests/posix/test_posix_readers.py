@@ -62,15 +62,6 @@ def wait_cached(m: Mount, chunks: int) -> None:
         time.sleep(0.1)
 
 
-@pytest.fixture
-def ms(rgw):
-    mounts = posixkit.Mounts(rgw, "default")  # under a 0755 dir: nobody reaches the mount
-    try:
-        yield mounts
-    finally:
-        mounts.close()
-
-
 def test_reads_are_counted_to_the_reading_uid_by_source(ms):
     data = os.urandom(SIZE)
     ms.s3.put_object(Bucket=ms.bucket, Key="data/a.bin", Body=data)

@@ -150,11 +150,11 @@ def test_types_owners_modes_and_times_survive_remounts_and_show_on_another_node(
     m, t, want = _built(ms)
     report: list[str] = []
 
-    m = ms.again(m)
+    m = ms.remount(m)
     bad = diff(want, snapshot(t))
     report += ["remount of the same cache dir:", *bad] if bad else []
 
-    m = ms.again(m, "--metadata-ttl", "0")
+    m = ms.remount(m, "--metadata-ttl", "0")
     bad = diff(want, snapshot(t))
     report += ["same cache dir, --metadata-ttl 0:", *bad] if bad else []
 
@@ -162,7 +162,7 @@ def test_types_owners_modes_and_times_survive_remounts_and_show_on_another_node(
         ms.s3.put_object(Bucket=ms.bucket, Key=key, Body=body, Metadata=meta)
     # another node: nothing but the bucket. The size limit of the HEAD on first sight is
     # the spec's 4 KiB (given: the daemon's default may be lower)
-    m = ms.again(m, "-o", "meta_head_max_size=4K", cache="cache2")
+    m = ms.remount(m, "-o", "meta_head_max_size=4K", cache="cache2", keep_args=False)
     # other clients' objects, each looked up at once (no listing of ext/ first)
     bad = []
     for key, (body, meta, (fmode, uid, gid, rdev), times) in FOREIGN.items():
