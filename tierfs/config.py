@@ -30,8 +30,15 @@ from decimal import Decimal
 from typing import Annotated, Any, Callable, Literal
 from urllib.parse import urlsplit
 
-from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field,
-                      ValidationError, model_validator)
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    model_validator,
+)
 
 from .errors import UsageError
 from .tenants import Share, Tenant, TenantMap

@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import gzip
 
-from prometheus_client import (CollectorRegistry, Counter, Gauge, Histogram,
-                               disable_created_metrics)
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
 from prometheus_client.exposition import choose_encoder
 
 # *_created samples double the scrape size and no dashboard of ours uses them

@@ -18,10 +18,8 @@ import tempfile
 import time
 import uuid
 
-from ..errors import (BackendError, Exists, NoSuchBucket, NotFound, PreconditionFailed,
-                      TierfsError)
+from ..errors import BackendError, Exists, NoSuchBucket, NotFound, PreconditionFailed, TierfsError
 from .base import BackendEvents, ListPage, MultipartUpload, ObjectMeta
-
 
 _PRIVATE = ".tierfs-"  # names the backend keeps for itself; never listed
 _META_XATTR = "user.tierfs.metadata"

@@ -25,8 +25,17 @@ from typing import Callable
 
 import trio
 
-from ..errors import (AccessDenied, BackendError, BackendUnavailable, Exists, NoSuchBucket,
-    NotFound, PreconditionFailed, StoreDown, Unsupported)
+from ..errors import (
+    AccessDenied,
+    BackendError,
+    BackendUnavailable,
+    Exists,
+    NoSuchBucket,
+    NotFound,
+    PreconditionFailed,
+    StoreDown,
+    Unsupported,
+)
 from ..metrics import Metrics
 
 log = logging.getLogger(__name__)

@@ -35,9 +35,9 @@ from typing import Callable, TypeVar
 import trio
 
 from ..errors import BackendError, TierfsError
-from .health import BackendHealth
 from ..metrics import Metrics
 from .base import Backend, BackendEvents, ListPage, MultipartUpload, ObjectMeta
+from .health import BackendHealth
 
 log = logging.getLogger(__name__)
 

@@ -29,8 +29,18 @@ import urllib3.exceptions
 from botocore.config import Config
 
 from .. import integrity
-from ..errors import (AccessDenied, BackendError, BackendUnavailable, Exists, IntegrityError,
-                      NoSuchBucket, NotFound, PreconditionFailed, TierfsError, Unsupported)
+from ..errors import (
+    AccessDenied,
+    BackendError,
+    BackendUnavailable,
+    Exists,
+    IntegrityError,
+    NoSuchBucket,
+    NotFound,
+    PreconditionFailed,
+    TierfsError,
+    Unsupported,
+)
 from .base import BackendEvents, ListPage, MultipartUpload, ObjectMeta
 from .budget import INTEGRITY_RETRIES, connect_timeout, get_budget
 

@@ -25,8 +25,14 @@ from typing import Callable, Iterator
 from pydantic import ValidationError
 
 from .. import protocol
-from ..config import (MANIFEST_MAX_PATHS, MAX_DURATION, check_job_id, format_size,
-    parse_duration, read_manifest_fd)
+from ..config import (
+    MANIFEST_MAX_PATHS,
+    MAX_DURATION,
+    check_job_id,
+    format_size,
+    parse_duration,
+    read_manifest_fd,
+)
 from ..errors import TierfsError, UsageError
 from ..mount.mountinfo import mounts
 from ..protocol import MAX_REPLY, ProtocolError

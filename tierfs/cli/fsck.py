@@ -36,11 +36,11 @@ from typing import Callable, Sequence
 
 import lmdb
 
-from ..errors import TierfsError
 from ..cachedir import ENTRIES, Layout
-from ..index.journal import JournalState, scan_file, write_file
+from ..errors import TierfsError
 from ..index.chunks import ChunkRecord, chunk_format
 from ..index.env import CHUNK_FORMAT_KEY, CHUNKS, INFO, JOURNAL, SOURCE
+from ..index.journal import JournalState, scan_file, write_file
 from ..index.meta import MetaStore
 from ..index.probe import probe_index, salvage_index, set_aside
 

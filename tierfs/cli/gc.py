@@ -46,9 +46,9 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 
+from ..cachedir import ENTRIES, INDEX, JOURNAL, LOCK, LOG, Layout
 from ..config import format_size, printable
 from ..errors import TierfsError
-from ..cachedir import ENTRIES, INDEX, JOURNAL, LOCK, LOG, Layout
 from ..index.journal import JournalState, scan_bytes
 from ..mount.mountinfo import mounts
 

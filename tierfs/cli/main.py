@@ -25,11 +25,18 @@ import threading
 import time
 from typing import IO, NoReturn
 
-from ..mount import sdnotify
-from ..config import (FLAG_OPTIONS, MountConfig, build_config, build_config_with_file,
-    parse_o_options, printable, read_config_file)
 from ..cachedir import Layout, private_umask
+from ..config import (
+    FLAG_OPTIONS,
+    MountConfig,
+    build_config,
+    build_config_with_file,
+    parse_o_options,
+    printable,
+    read_config_file,
+)
 from ..errors import StartupError, TierfsError, UsageError
+from ..mount import sdnotify
 from ..mount.hardening import protect_process
 from ..mount.mountinfo import is_mountpoint
 from ..runpaths import pid_file

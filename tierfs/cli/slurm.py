@@ -49,12 +49,20 @@ import time
 import tomllib
 from dataclasses import dataclass
 
-from . import asuser, slurmruns
-from .asuser import AsUserError, DeadlineExceeded, Identity, Lookup, Readable
-from .asuser import parse_manifest, search_root  # noqa: F401 - part of this module's API
 from ..config import SlurmSettings, check_job_id, format_size, slurm_settings
 from ..errors import UsageError
-from ..mount.mountinfo import Mount, mounts as all_mounts
+from ..mount.mountinfo import Mount
+from ..mount.mountinfo import mounts as all_mounts
+from . import asuser, slurmruns
+from .asuser import (  # noqa: F401 - part of this module's API
+    AsUserError,
+    DeadlineExceeded,
+    Identity,
+    Lookup,
+    Readable,
+    parse_manifest,
+    search_root,
+)
 from .slurmruns import job_name_from_scontrol
 
 CONFIG_ENV = "TIERFS_SLURM_CONFIG"

@@ -23,20 +23,40 @@ from typing import Callable, NamedTuple
 import trio
 from cachetools import TTLCache
 
-from ..telemetry.analytics import Analytics
-from ..index.attrs import (DIR, FILE, MAX_KEY, MAX_NAME, SPECIAL, SYMLINK, Attrs, for_new,
-    from_metadata)
 from ..backend.base import ObjectMeta
 from ..backend.runner import AsyncBackend
-from ..errors import (AccessDenied, BackendError, InvalidArgument, IsADirectory, NameTooLong,
-    NoSuchBucket, NotADirectory, NotEmpty, NotFound, PreconditionFailed, StoreDown,
-    TierfsError)
-from .exclusive import PROBE_NAME, ConditionalWrites, Taken
+from ..errors import (
+    AccessDenied,
+    BackendError,
+    InvalidArgument,
+    IsADirectory,
+    NameTooLong,
+    NoSuchBucket,
+    NotADirectory,
+    NotEmpty,
+    NotFound,
+    PreconditionFailed,
+    StoreDown,
+    TierfsError,
+)
+from ..index.attrs import (
+    DIR,
+    FILE,
+    MAX_KEY,
+    MAX_NAME,
+    SPECIAL,
+    SYMLINK,
+    Attrs,
+    for_new,
+    from_metadata,
+)
 from ..index.inodes import ROOT_INO, Inode
 from ..index.meta import MetaStore
 from ..metrics import Metrics
-from .revalidation import Late, Revalidations
 from ..tasks import Tasks, leaves
+from ..telemetry.analytics import Analytics
+from .exclusive import PROBE_NAME, ConditionalWrites, Taken
+from .revalidation import Late, Revalidations
 
 log = logging.getLogger(__name__)
 

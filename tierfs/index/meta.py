@@ -27,13 +27,23 @@ import logging
 import os
 import struct
 
+from ..cachedir import Layout
 from .analytics import AnalyticsTable
 from .capacity import CapacityTable
 from .chunks import ChunkTable, chunk_format
-from .env import (CHUNK_FORMAT_KEY, CHUNKS, INFO, JOURNAL, LEGACY, OBJECTS, PINS,
-                  SCHEMA_VERSION, U64, IndexEnv)
+from .env import (
+    CHUNK_FORMAT_KEY,
+    CHUNKS,
+    INFO,
+    JOURNAL,
+    LEGACY,
+    OBJECTS,
+    PINS,
+    SCHEMA_VERSION,
+    U64,
+    IndexEnv,
+)
 from .inodes import InodeTable
-from ..cachedir import Layout
 from .journal import RECOVERY_HINT, Journal, JournalDamaged
 from .pins import PinTable
 from .probe import PROBE_TIMEOUT_S, Salvage, probe_index, salvage_index, set_aside

@@ -33,12 +33,24 @@ import trio
 
 from .. import protocol, runpaths
 from ..cache import ChunkCache
-from ..telemetry.capacity import CapacityHistory, forecast
 from ..errors import StartupError, TierfsError, UsageError
 from ..metrics import Metrics
 from ..peers import PeerTier
-from ..protocol import (IDLE_TIMEOUT_S, MAX_REQUEST, PROTOCOL, EvictRequest, JobFilesRequest,
-    PodRequest, ReportRequest, Request, StatusRequest, UnpinRequest, UsageRequest, WarmRequest)
+from ..protocol import (
+    IDLE_TIMEOUT_S,
+    MAX_REQUEST,
+    PROTOCOL,
+    EvictRequest,
+    JobFilesRequest,
+    PodRequest,
+    ReportRequest,
+    Request,
+    StatusRequest,
+    UnpinRequest,
+    UsageRequest,
+    WarmRequest,
+)
+from ..telemetry.capacity import CapacityHistory, forecast
 from ..telemetry.report import build_report, job_files
 from .warm import Warmer
 

@@ -19,24 +19,24 @@ from typing import Callable
 import pyfuse3
 import trio
 
-from . import sdnotify
 from ..backend import open_backend
 from ..backend.budget import mount_read_budget
+from ..backend.health import PROBE_TIMEOUT_S, BackendHealth
 from ..backend.runner import AsyncBackend
 from ..cachedir import Layout, lock_cache_dir
 from ..config import MountConfig
-from .control import ControlServer, prepare_socket_dir
-from .core import async_backend, build_core
 from ..errors import BackendError, StartupError
-from .fs import FuseOps
-from ..backend.health import PROBE_TIMEOUT_S, BackendHealth
 from ..index.probe import start_probe, stop_probes
 from ..metrics import Metrics
+from ..runpaths import control_socket
+from ..tasks import Tasks
+from . import sdnotify
+from .control import ControlServer, prepare_socket_dir
+from .core import async_backend, build_core
+from .fs import FuseOps
 from .metricsserve import MetricsServer
 from .mountinfo import Mount as MountEntry
 from .mountinfo import answers, mount_at
-from ..runpaths import control_socket
-from ..tasks import Tasks
 
 log = logging.getLogger(__name__)
 

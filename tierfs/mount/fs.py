@@ -22,14 +22,14 @@ from typing import Any, Callable
 import pyfuse3
 import trio
 
-from ..index.attrs import BLK, CHR, DIR, FILE, SYMLINK, kind_of, type_bits
 from ..cache import ChunkCache
 from ..config import MountConfig
 from ..errors import InvalidArgument, ReadOnly
 from ..files.fileio import FileIO
+from ..files.namespace import Caller, Namespace
+from ..index.attrs import BLK, CHR, DIR, FILE, SYMLINK, kind_of, type_bits
 from ..index.inodes import Inode
 from ..metrics import Metrics
-from ..files.namespace import Caller, Namespace
 from ..tasks import expected_error, sole_exception
 
 log = logging.getLogger(__name__)

@@ -19,11 +19,11 @@ asker is served from memory. It serves only what it could serve its own readers:
 from __future__ import annotations
 
 from ..cache import ObjectVersion
-from ..errors import NotFound, PreconditionFailed, TierfsError
 from ..cache.tier import Want
-from ..read.walk import TierWalk
+from ..errors import NotFound, PreconditionFailed, TierfsError
 from ..files.namespace import Namespace
 from ..peers.wire import NOT_MINE, ChunkReply, ChunkRequest, PeerRefused, block_crcs
+from ..read.walk import TierWalk
 
 
 def _not_served() -> PeerRefused:

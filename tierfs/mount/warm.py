@@ -43,11 +43,11 @@ import trio
 from ..cache import ChunkCache, ObjectVersion
 from ..config import format_size
 from ..errors import InvalidArgument, NoSpace, NotFound, PreconditionFailed, TierfsError
-from ..read.walk import TierWalk
+from ..files.namespace import Namespace
 from ..index.attrs import FILE
 from ..index.inodes import ROOT_INO, Inode
 from ..metrics import Metrics
-from ..files.namespace import Namespace
+from ..read.walk import TierWalk
 from ..tasks import expected_error, sole_exception
 
 log = logging.getLogger(__name__)

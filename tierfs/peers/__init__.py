@@ -26,8 +26,15 @@ from ..metrics import Metrics
 from .client import PeerClient
 from .members import Membership, Peer
 from .server import PeerServer
-from .wire import (ChunkReply, ChunkRequest, PeerCorrupt, PeerError, PeerRefused, PeerTimeout,
-                   PeerUnavailable)
+from .wire import (
+    ChunkReply,
+    ChunkRequest,
+    PeerCorrupt,
+    PeerError,
+    PeerRefused,
+    PeerTimeout,
+    PeerUnavailable,
+)
 
 log = logging.getLogger(__name__)
 

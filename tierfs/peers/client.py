@@ -24,8 +24,17 @@ import trio
 from ..metrics import Metrics
 from . import wire
 from .http import MAX_ERROR_BODY, ClientConnection, ResponseHead
-from .wire import (ChunkReply, ChunkRequest, PeerAuthError, PeerCorrupt, PeerError,
-                   PeerProtocolError, PeerRefused, PeerTimeout, PeerUnavailable)
+from .wire import (
+    ChunkReply,
+    ChunkRequest,
+    PeerAuthError,
+    PeerCorrupt,
+    PeerError,
+    PeerProtocolError,
+    PeerRefused,
+    PeerTimeout,
+    PeerUnavailable,
+)
 
 if TYPE_CHECKING:
     from .members import Peer

@@ -21,8 +21,8 @@ from typing import Awaitable, Callable
 
 import trio
 
-from ..cachedir import Layout
 from ..cache import ChunkCache, ObjectVersion
+from ..cachedir import Layout
 from ..errors import BaseChanged, NoSpace, PreconditionFailed
 from ..index.meta import MetaStore
 from .dirty import DirtyFile, State, staging_io, uncover

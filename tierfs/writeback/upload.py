@@ -36,8 +36,7 @@ from ..errors import NotFound, TierfsError
 from ..integrity import chunk_crcs_metadata, crc32c
 from ..metrics import Metrics
 from ..tasks import leaves
-from .dirty import (DirtyFile, Sent, Stream, chunk_crcs_of, cover, covers, read_closing,
-                    staging_crc)
+from .dirty import DirtyFile, Sent, Stream, chunk_crcs_of, cover, covers, read_closing, staging_crc
 from .orphans import FINAL, Uploads
 
 log = logging.getLogger("tierfs.writeback")
