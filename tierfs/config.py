@@ -11,8 +11,9 @@ sizes fit the machine (the memory tier in RAM), durations are at most a year, ui
 32-bit ids, URLs are parsed here (not by botocore in the background daemon), and text has
 no control characters and a bounded length. Files that hold secrets (peer_secret_file,
 peer_tls_key) are checked here: regular, the daemon's user's, mode 0600 or stricter; the
-secret's bytes are read by read_peer_secret only, never kept in the config. Any problem is one UsageError whose message
-names the option and the reason, so the CLI prints one line and exits.
+secret's bytes are read by read_peer_secret only, never kept in the config. Any problem is
+one UsageError whose message names the option and the reason, so the CLI prints one line
+and exits.
 """
 
 from __future__ import annotations
@@ -46,7 +47,8 @@ from .tenants import Share, Tenant, TenantMap
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(?:([kmgtp])i?)?b?\s*$", re.IGNORECASE | re.ASCII)
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40, "p": 1 << 50}
 _DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$", re.IGNORECASE | re.ASCII)
-_SECONDS = {"ms": Decimal("0.001"), "s": 1, "m": 60, "h": 3600, "d": 86400}
+_SECONDS = {"ms": Decimal("0.001"), "s": Decimal(1), "m": Decimal(60), "h": Decimal(3600),
+            "d": Decimal(86400)}
 _INT_RE = re.compile(r"^\s*[+-]?\d{1,30}\s*$", re.ASCII)
 _FLOAT_RE = re.compile(r"^\s*[+-]?(?:\d{1,30}(?:\.\d{0,30})?|\.\d{1,30})\s*$", re.ASCII)
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
@@ -425,7 +427,8 @@ def _tenant(name: object, table: object) -> Tenant:
     for raw_key, value in table.items():
         key = str(raw_key).replace("-", "_")
         if key not in _TENANT_KEYS or key in fields:
-            why = "given twice" if key in fields else f"unknown key (known: {', '.join(_TENANT_KEYS)})"
+            why = ("given twice" if key in fields
+                   else f"unknown key (known: {', '.join(_TENANT_KEYS)})")
             raise ValueError(f"{where}: {_show(raw_key)}: {why}")
         try:
             if key == "prefixes":
@@ -480,24 +483,31 @@ def _field(default: Any, kind: str, allowed: str, help: str, **kw: Any) -> Any:
                  **kw)
 
 
-def _size_type(lo: int, hi: int, hi_why: str = "") -> Any:
-    return Annotated[int, BeforeValidator(_size_value),
-                     AfterValidator(_ranged(lo, hi, _show_size, hi_why=hi_why))]
+# A ranged field is Annotated[Size, _size_range(lo, hi)]: Annotated flattens, so the parse
+# (BeforeValidator) runs first, then the range check (AfterValidator)
+Size = Annotated[int, BeforeValidator(_size_value)]
+Duration = Annotated[float, BeforeValidator(_duration_value)]
+Count = Annotated[int, BeforeValidator(_int_value)]
+Ratio = Annotated[float, BeforeValidator(_float_value)]
 
 
-def _duration_type(lo: float = 0.0, lo_open: bool = False, hi: float = MAX_DURATION) -> Any:
-    return Annotated[float, BeforeValidator(_duration_value),
-                     AfterValidator(_ranged(lo, hi, _show_duration, lo_open=lo_open))]
+def _size_range(lo: int, hi: int, hi_why: str = "") -> AfterValidator:
+    return AfterValidator(_ranged(lo, hi, _show_size, hi_why=hi_why))
 
 
-def _int_type(lo: int, hi: int) -> Any:
-    return Annotated[int, BeforeValidator(_int_value), AfterValidator(_ranged(lo, hi, str))]
+def _duration_range(lo: float = 0.0, lo_open: bool = False,
+                    hi: float = MAX_DURATION) -> AfterValidator:
+    return AfterValidator(_ranged(lo, hi, _show_duration, lo_open=lo_open))
 
 
-def _ratio_type(lo: float, hi: float, *, lo_open: bool = False, hi_open: bool = False) -> Any:
-    return Annotated[float, BeforeValidator(_float_value),
-                     AfterValidator(_ranged(lo, hi, lambda x: f"{x:g}", lo_open=lo_open,
-                                            hi_open=hi_open))]
+def _count_range(lo: int, hi: int) -> AfterValidator:
+    return AfterValidator(_ranged(lo, hi, str))
+
+
+def _ratio_range(lo: float, hi: float, *, lo_open: bool = False,
+                 hi_open: bool = False) -> AfterValidator:
+    return AfterValidator(_ranged(lo, hi, lambda x: f"{x:g}", lo_open=lo_open,
+                                  hi_open=hi_open))
 
 
 Bool = Annotated[bool, BeforeValidator(_bool_value)]
@@ -523,17 +533,17 @@ class MountConfig(BaseModel):
     cache_dir: Annotated[str, BeforeValidator(
         lambda v: "" if v == "" else _path_value(v))] = _field(
         "", "path", "absolute path", "chunk files + LMDB index; one daemon per cache dir")
-    cache_size: _size_type(0, MAX_CACHE_SIZE) = _field(
+    cache_size: Annotated[Size, _size_range(0, MAX_CACHE_SIZE)] = _field(
         10 << 30, "size", "2 chunks - 1P", "disk-tier budget")
-    memory_cache_size: _size_type(0, _RAM, _RAM_WHY) = _field(
+    memory_cache_size: Annotated[Size, _size_range(0, _RAM, _RAM_WHY)] = _field(
         256 << 20, "size", "0 - the machine's RAM", "memory tier in front of the disk (0: none)")
-    chunk_size: _size_type(64 << 10, 256 << 20) = _field(
+    chunk_size: Annotated[Size, _size_range(64 << 10, 256 << 20)] = _field(
         8 << 20, "size", "64K - 256M, a power of two", "unit of GETs and cache files")
-    metadata_ttl: _duration_type() = _field(
+    metadata_ttl: Annotated[Duration, _duration_range()] = _field(
         60.0, "duration", "0 - 365d", "how long listings/attributes are trusted")
     # past the TTL, how long a stat/open/readdir of a known entry waits for the store before
     # it serves the cached entry (the revalidation goes on in the background)
-    revalidate_timeout: _duration_type() = _field(
+    revalidate_timeout: Annotated[Duration, _duration_range()] = _field(
         3.0, "duration", "0 - 365d", "wait this long to revalidate a known entry, then serve it")
     metrics_addr: Annotated[tuple[str, int] | None, BeforeValidator(
         lambda v: None if v is None else _addr_value(v))] = _field(
@@ -547,28 +557,28 @@ class MountConfig(BaseModel):
         lambda v: None if v is None else _path_value(v))] = _field(
         None, "path", "absolute path", "log here (default: stderr / the journal)")
     # keep at least this fraction of the cache filesystem free, whatever cache_size says
-    min_free_ratio: _ratio_type(0.0, 1.0, hi_open=True) = _field(
+    min_free_ratio: Annotated[Ratio, _ratio_range(0.0, 1.0, hi_open=True)] = _field(
         0.10, "float", "0 - <1", "share of the cache filesystem kept free")
     # evict when usage passes high * budget, down to low * budget
-    evict_high: _ratio_type(0.0, 1.0, lo_open=True) = _field(
+    evict_high: Annotated[Ratio, _ratio_range(0.0, 1.0, lo_open=True)] = _field(
         0.95, "float", ">0 - 1, above evict_low", "eviction starts at this share of the budget")
-    evict_low: _ratio_type(0.0, 1.0, lo_open=True) = _field(
+    evict_low: Annotated[Ratio, _ratio_range(0.0, 1.0, lo_open=True)] = _field(
         0.90, "float", ">0 - <evict_high", "eviction stops at this share of the budget")
     # heat halves after this long without access (at least: cache/heat.py, HalfLife)
-    heat_half_life: _duration_type(lo_open=True) = _field(
+    heat_half_life: Annotated[Duration, _duration_range(lo_open=True)] = _field(
         1800.0, "duration", ">0 - 365d",
         "how long \"hot\" is remembered by eviction and admission, at least: 12 x the time "
         "the node takes to read its cache's worth if longer")
-    readahead_chunks: _int_type(1, 64) = _field(
+    readahead_chunks: Annotated[Count, _count_range(1, 64)] = _field(
         8, "int", "1 - 64", "chunks fetched ahead of a sequential reader")
-    backend_concurrency: _int_type(1, 256) = _field(
+    backend_concurrency: Annotated[Count, _count_range(1, 256)] = _field(
         16, "int", "1 - 256", "parallel requests to the object store")
     # parallel GETs of `tierfs warm`, on threads of their own (see backend/runner.py)
-    warm_concurrency: _int_type(1, 256) = _field(
+    warm_concurrency: Annotated[Count, _count_range(1, 256)] = _field(
         16, "int", "1 - 256", "parallel GETs of `tierfs warm`")
-    backend_timeout: _duration_type(lo_open=True) = _field(
+    backend_timeout: Annotated[Duration, _duration_range(lo_open=True)] = _field(
         30.0, "duration", ">0 - 365d", "botocore read timeout")
-    backend_retries: _int_type(1, 20) = _field(
+    backend_retries: Annotated[Count, _count_range(1, 20)] = _field(
         4, "int", "1 - 20", "botocore attempts (standard retry mode)")
     # keep glibc from hoarding freed 8 MiB chunk buffers (RSS stays near the memory tier);
     # costs cold-read throughput, as every chunk buffer is a fresh mmap (bench/README.md)
@@ -576,29 +586,29 @@ class MountConfig(BaseModel):
     # write-back: close() returns before the upload (fsync still waits for S3)
     writeback: Bool = _field(False, "bool", "", "`close()` returns before the upload")
     # how long writers wait for uploads to free budget before ENOSPC
-    dirty_wait: _duration_type() = _field(
+    dirty_wait: Annotated[Duration, _duration_range()] = _field(
         60.0, "duration", "0 - 365d", "writers wait this long for budget, then ENOSPC")
     # directories with more objects than this are not renamed (EXDEV: mv copies instead)
-    rename_max_objects: _int_type(0, 10_000_000) = _field(
+    rename_max_objects: Annotated[Count, _count_range(0, 10_000_000)] = _field(
         1000, "int", "0 - 10000000", "larger directory renames answer EXDEV")
     # at unmount, pending uploads get this long; what is left stays journaled for the next mount
-    drain_timeout: _duration_type() = _field(
+    drain_timeout: Annotated[Duration, _duration_range()] = _field(
         60.0, "duration", "0 - 365d", "how long a stop waits for pending uploads")
     # a backend request running longer than this logs one WARNING and counts a stall
-    stall_warn: _duration_type(lo_open=True) = _field(
+    stall_warn: Annotated[Duration, _duration_range(lo_open=True)] = _field(
         10.0, "duration", ">0 - 365d", "a backend request this slow logs a WARNING")
     # a read that waits on the store, a peer or the fetch queue longer than this is a stall:
     # tierfs_read_stall_seconds, the stall log of `tierfs status`, usage's stall seconds
-    stall_threshold: _duration_type() = _field(
+    stall_threshold: Annotated[Duration, _duration_range()] = _field(
         0.05, "duration", "0 - 365d", "a read waiting this long on a fetch is a stall")
     # a mount of a cache dir with an index waits this long for the store, then mounts
     # degraded (serving what is cached) instead of failing
-    startup_timeout: _duration_type(lo_open=True) = _field(
+    startup_timeout: Annotated[Duration, _duration_range(lo_open=True)] = _field(
         10.0, "duration", ">0 - 365d", "with an index, mount degraded after this long")
-    uid: _int_type(0, MAX_ID) = _field(
+    uid: Annotated[Count, _count_range(0, MAX_ID)] = _field(
         None, "int", "0 - 4294967294", "owner shown for files and directories",
         default_factory=os.getuid)
-    gid: _int_type(0, MAX_ID) = _field(
+    gid: Annotated[Count, _count_range(0, MAX_ID)] = _field(
         None, "int", "0 - 4294967294", "group shown for files and directories",
         default_factory=os.getgid)
     # LIST entries this small get one HEAD per version, for the type, owner, mode and
@@ -635,9 +645,9 @@ class MountConfig(BaseModel):
                               AfterValidator(_bandwidth_check)] = _field(
         None, "size", "64K - 1P (per second), `unlimited`",
         "bytes per second this node sends to peers")
-    peer_timeout: _duration_type(lo_open=True, hi=600.0) = _field(
+    peer_timeout: Annotated[Duration, _duration_range(lo_open=True, hi=600.0)] = _field(
         2.0, "duration", ">0 - 10m", "a peer slower than this: fetch from the store")
-    peer_max_concurrent: _int_type(1, 1024) = _field(
+    peer_max_concurrent: Annotated[Count, _count_range(1, 1024)] = _field(
         32, "int", "1 - 1024", "peer requests this node serves at once (more: 503)")
     peer_tls_cert: Annotated[str | None, BeforeValidator(_abs_file_value)] = _field(
         None, "path", "absolute path; all three TLS files or none", "TLS certificate (PEM)")
@@ -1009,23 +1019,24 @@ def build_config_with_file(path: str, source: str | None, mountpoint: str | None
     file's name; what the command line gives is reported as before."""
     options = read_config_file(path)
     file_source, file_mountpoint = options.pop("source", None), options.pop("mountpoint", None)
-    source = source or file_source  # type: ignore[assignment]
-    mountpoint = mountpoint or file_mountpoint  # type: ignore[assignment]
-    if not source:
+    src = source or file_source
+    mnt = mountpoint or file_mountpoint
+    if not src:
         raise UsageError(f"no source: give SOURCE on the command line or `source = ...` in {path}")
-    if not mountpoint:
+    if not mnt:
         raise UsageError(f"no mount point: give MOUNTPOINT on the command line or "
                          f"`mountpoint = ...` in {path}")
     try:
-        build_config(str(source), str(mountpoint), options)
+        build_config(str(src), str(mnt), options)
     except UsageError as exc:
         raise UsageError(f"{path}: {exc}") from None
-    return build_config(str(source), str(mountpoint), {**options, **overrides})
+    return build_config(str(src), str(mnt), {**options, **overrides})
 
 
-# ---- Slurm hook settings (tierfs-slurm.toml; read by tierfs/cli/slurm.py) ------------------------
+# ---- Slurm hook settings (tierfs-slurm.toml; read by tierfs/cli/slurm.py) -----------------
 
-MANIFEST_MAX_BYTES = 1 << 20  # a manifest (tierfs warm --manifest, tierfs:manifest=) is at most 1 MiB
+# a manifest (tierfs warm --manifest, tierfs:manifest=) is at most 1 MiB
+MANIFEST_MAX_BYTES = 1 << 20
 MANIFEST_MAX_PATHS = 100_000
 
 
@@ -1063,8 +1074,9 @@ class SlurmSettings(BaseModel):
         lambda v: None if v in ("", 0, "0", False, None) else _duration_value(v)),
         AfterValidator(lambda v: v if v is None else _ranged(
             0, MAX_DURATION, _show_duration, lo_open=True)(v))] = 7 * 86400.0
-    timeout: _duration_type(lo_open=True, hi=86400.0) = 300.0  # for the whole hook
-    max_bytes: _size_type(0, MAX_CACHE_SIZE) = 0  # per job and node (0: no limit)
+    # for the whole hook
+    timeout: Annotated[Duration, _duration_range(lo_open=True, hi=86400.0)] = 300.0
+    max_bytes: Annotated[Size, _size_range(0, MAX_CACHE_SIZE)] = 0  # per job and node (0: no limit)
     log_file: Annotated[str | None, BeforeValidator(
         lambda v: None if v in ("", None) else _abs_path(v))] = "/var/log/tierfs/slurm.log"
     # the epilog appends one JSON line per job that read through tierfs (docs/slurm.md)
@@ -1088,7 +1100,7 @@ def slurm_settings(data: dict[str, object], prefix: str = "") -> SlurmSettings:
     if not isinstance(data, dict):
         raise UsageError(f"{prefix}expected a table of settings")
     try:
-        return SlurmSettings(**{str(k): v for k, v in data.items()})
+        return SlurmSettings.model_validate({str(k): v for k, v in data.items()})
     except ValidationError as exc:
         err = usage_error(exc, prefix)
         if exc.errors()[0].get("type") == "extra_forbidden":

@@ -25,6 +25,7 @@ import json
 import logging
 import stat
 from dataclasses import asdict, dataclass, replace
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +77,7 @@ class Attrs:
             d.setdefault("mtime_ns", int(d.pop("mtime") * 1e9))
         return cls(**{k: v for k, v in d.items() if k in _FIELDS})
 
-    def changed(self, **fields: object) -> "Attrs":
+    def changed(self, **fields: Any) -> "Attrs":  # replace() rejects an unknown name
         return replace(self, **fields)
 
     def to_metadata(self, kind: int) -> dict[str, str]:

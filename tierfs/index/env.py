@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import struct
 from collections.abc import Callable
+from typing import TypeAlias
 
 import lmdb
 
@@ -42,7 +43,9 @@ CHUNK_FORMAT_KEY = b"chunk_format"  # chunks.py: what the chunk records' CRCs ar
 INFO_KEYS = (SCHEMA, SOURCE, JOURNAL, NEXT_INO, CHUNK_FORMAT_KEY)
 
 U64 = struct.Struct(">Q")
-Txn = lmdb.Transaction
+# values come back as bytes: no transaction here is begun with buffers=True
+Txn: TypeAlias = "lmdb.Transaction[bytes]"
+Db: TypeAlias = lmdb._Database  # what open_db returns
 
 
 def u64(n: int) -> bytes:
@@ -64,10 +67,10 @@ class IndexEnv:
         except lmdb.Error as exc:
             raise StartupError(f"cannot open the cache index in {path}: {exc}") from None
 
-    def db(self, name: bytes) -> object:
+    def db(self, name: bytes) -> Db:
         return self._dbs[name]
 
-    def begin(self, *, write: bool = False, db: object = None) -> Txn:
+    def begin(self, *, write: bool = False, db: Db | None = None) -> Txn:
         return self._env.begin(write=write, db=db)
 
     def info(self, key: bytes, txn: Txn | None = None) -> bytes | None:

@@ -148,7 +148,9 @@ class InodeTable:
             elif kind == DIR:
                 mtime = old.mtime  # a prefix's time is when it was first seen, not listed
         if ino is None:
-            ino = U64.unpack(self.env.info(NEXT_INO, txn))[0]
+            counter = self.env.info(NEXT_INO, txn)
+            assert counter is not None, "start() set the inode counter when the index was bound"
+            ino = U64.unpack(counter)[0]
             self.env.set_info(txn, NEXT_INO, u64(ino + 1))
             txn.put(dkey, u64(ino), db=self._dentries)
         node = Inode(ino, parent, kind, size, mtime, etag, key, now)
@@ -195,7 +197,9 @@ class InodeTable:
             def kept(ino: int) -> bool:
                 if keep(ino):
                     return True
-                raw = txn.get(u64(ino), db=self._inodes) if since is not None else None
+                if since is None:
+                    return False
+                raw = txn.get(u64(ino), db=self._inodes)
                 return raw is not None and Inode.unpack(ino, raw).validated_at > since
 
             seen = set()
@@ -207,13 +211,13 @@ class InodeTable:
                     continue
                 self._upsert(txn, parent, name, kind, size, mtime, etag, key, now,
                              entry[6] if len(entry) > 6 else None)
-            cur = txn.cursor(db=self._dentries)
+            dents = txn.cursor(db=self._dentries)
             stale = []
-            if cur.set_range(prefix):
-                for k in cur.iternext(values=False):
+            if dents.set_range(prefix):
+                for k in dents.iternext(values=False):
                     if not k.startswith(prefix):
                         break
-                    if bytes(k[8:]) not in seen and not kept(U64.unpack(cur.value())[0]):
+                    if bytes(k[8:]) not in seen and not kept(U64.unpack(dents.value())[0]):
                         stale.append(bytes(k))
             for k in stale:
                 txn.delete(k, db=self._dentries)

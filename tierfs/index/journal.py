@@ -17,8 +17,9 @@ when put_dirty returns, which is when close() may acknowledge.
 
 Damage: a crash can only tear the last append (each one waits for its fsync), so a last
 record cut short, or with zeros where its blocks never landed, is a torn tail: dropped
-and logged (it was never acknowledged). A bad record with more bytes after it is damage in the middle: opening fails
-with a StartupError naming the file and offset, never silently dropping unsaved writes;
+and logged (it was never acknowledged). A bad record with more bytes after it is damage
+in the middle: opening fails with a StartupError naming the file and offset, never
+silently dropping unsaved writes;
 `tierfs fsck --repair` keeps every record that still verifies (records carry a marker,
 so the ones after a damaged stretch are found again). Compaction rewrites the live state
 into a new file (fsync, rename, fsync of the directory) when dead records dominate.
