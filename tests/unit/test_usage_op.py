@@ -97,3 +97,20 @@ async def test_a_daemon_without_accounting_says_so_in_one_line(tmp_path):
             with pytest.raises(ctl.ControlError, match="keeps no usage accounting"):
                 await _ask(mount)
             nursery.cancel_scope.cancel()
+
+
+async def test_who_a_pod_is_is_in_the_index_when_the_publish_returns(tmp_path):
+    """tierfs-csi names a pod (uid -> namespace) at publish: that is written at once, so a
+    daemon killed right after the publish still knows the pod when it starts again (the
+    periodic flush is 30 s)."""
+    async with core(str(tmp_path), chunk_size=64 << 10) as c:
+        async with trio.open_nursery() as nursery:
+            mount = await _serve(c, str(tmp_path / "mnt"), nursery, usage=c.core.usage)
+            fields = {"uid": "0f0e", "namespace": "team-a", "name": "train-0"}
+            await trio.to_thread.run_sync(lambda: ctl.request(mount, "pod", **fields))
+            records = dict(c.core.meta.usage.records())
+            assert records["pod/pod:0f0e"]["namespace"] == "team-a"
+            forget = {"uid": "0f0e", "forget": True}
+            await trio.to_thread.run_sync(lambda: ctl.request(mount, "pod", **forget))
+            assert "pod/pod:0f0e" not in dict(c.core.meta.usage.records())
+            nursery.cancel_scope.cancel()

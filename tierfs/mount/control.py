@@ -242,10 +242,24 @@ class ControlServer:
         if self.usage is None:
             raise UsageError("this daemon keeps no usage accounting (a tierfs from before it)")
         if req.forget:
-            return {"uid": req.uid, "known": self.usage.forget_pod(req.uid)}
+            known = self.usage.forget_pod(req.uid)
+            await self._keep_pods()
+            return {"uid": req.uid, "known": known}
         self.usage.label_pod(req.uid, req.namespace or "", name=req.name,
                              service_account=req.service_account, tenant=req.tenant)
+        await self._keep_pods()
         return {"uid": req.uid, "namespace": req.namespace, "known": True}
+
+    async def _keep_pods(self) -> None:
+        """Write who a pod is to the index now, not at the next periodic flush: a daemon
+        that dies right after a publish still counts the pod's reads for its namespace
+        when it comes back (once per pod: a publish is rare)."""
+        assert self.usage is not None
+        try:
+            await self.usage.flush()
+        except Exception as exc:  # noqa: BLE001 - kept in memory; the flusher tries again
+            log.warning("who pods are could not be written to the index now (%s); the "
+                        "periodic flush will try again", exc)
 
     async def usage_of(self, req: UsageRequest, send: Any) -> dict:
         if self.usage is None:
