@@ -1,21 +1,18 @@
 #!/usr/bin/env python3
-"""Eviction quality: tierfs's evictor beside plain LRU and Belady's OPT on the same traces.
+"""Eviction quality: tierfs's placement policy beside plain LRU and Belady's OPT.
 
     .venv/bin/python bench/evict.py [--cache-chunks N] [--fill-time S]... [--trace NAME]...
 
 Replays chunk-granular access traces (defined in bench/README.md, "Eviction quality")
-through the real policy code, tierfs/cache/evictor.py (`Evictor.victims`),
-tierfs/cache/admission.py (`Admission`) and tierfs/cache/heat.py (`touched`), driven the
-way ChunkCache drives them: a read of an indexed chunk is a hit and touches its heat; a
-miss, or a write of a new chunk, is a fill, which first asks the evictor for room (budget
-from a statvfs stub with plenty of free space, so the budget is the cache size; the
-high/low watermarks); a reader's chunk that would evict is then put to the admission
-policy (refused: not cached, its read remembered); a stored chunk is indexed at its entry
-heat (a write at 0), the heat's half-life following the read rate (heat.HalfLife) as
-ChunkCache's does; a new Slurm job's first open is told to admission (Admission.job_opened)
-as FileIO.open tells it. A write reserves room for its unsaved staging copy (`reserve_dirty`);
-when its object's writes end (the file is uploaded) its chunks move into the cache, last
-first, each into the room its staging copy held (`fill(held=)`), as the write path does.
+through tierfs's placement policy itself (tierfs/cache/policy.py, `Placement`: the object
+ChunkCache asks), told the events ChunkCache tells it: a read of a cached chunk is a hit
+and touches it; a miss is a fill (`fill_started`, `room_for_fill`, then `stored`); a
+write reserves room for its unsaved staging copy (`room_for_dirty`), and when its
+object's writes end (the file is uploaded) its chunks move into the cache, last first,
+each into the room its staging copy held (`hold`, `release_held`, a fill with `held`), as
+the write path does; a new Slurm job's first open is told (`opened_by`) as FileIO.open
+tells it. The evictions the policy names are carried out without I/O (`carry_out`); the
+budget comes from a statvfs stub with plenty of free space, so it is the cache size.
 An injected clock advances by fill_time / cache chunks per access.
 Prints each trace's read hit ratio beside plain LRU and offline OPT with the same capacity, and
 whether tierfs reaches the issue's goal (>= 0.9x OPT, never below LRU); where OPT owes much to
@@ -45,10 +42,11 @@ from typing import Callable, Iterator, NoReturn
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from tierfs.cache.admission import Admission, Fill  # noqa: E402
 from tierfs.cache.evictor import Evictor  # noqa: E402
-from tierfs.cache.heat import PER_CACHE, HalfLife, touched  # noqa: E402
+from tierfs.cache.heat import PER_CACHE  # noqa: E402
 from tierfs.cache.keys import ObjectVersion  # noqa: E402
+from tierfs.cache.policy import Outcome, Placement, carry_out  # noqa: E402
 from tierfs.config import MountConfig  # noqa: E402
-from tierfs.index.chunks import ChunkRecord  # noqa: E402
+from tierfs.tenants import DEFAULT  # noqa: E402
 
 _DEFAULTS = MountConfig.model_fields
 GOAL = 0.9  # of OPT (issue 15, item 5)
@@ -337,134 +335,67 @@ def _plenty_of_space(path: str) -> os.statvfs_result:
 
 
 def replay_tierfs(trace: Trace, shape: Shape) -> Replay:
-    """The trace through Evictor, Admission and heat as ChunkCache uses them (read, touch,
-    filling)."""
+    """The trace through tierfs's placement policy (tierfs/cache/policy.py, `Placement`),
+    told the events ChunkCache tells it and carrying out its evictions without I/O."""
     evictor = Evictor("/nonexistent/tierfs-bench", cache_size=shape.budget,
                       min_free_ratio=_DEFAULTS["min_free_ratio"].default, high=shape.high,
                       low=shape.low, half_life=shape.half_life, statvfs=_plenty_of_space)
+    length = shape.chunk_bytes
+    policy = Placement(Admission(shape.half_life, shape.chunks, shape.capacity * length),
+                       budget=evictor.budget, high=shape.high, low=shape.low,
+                       half_life=shape.half_life,
+                       pinned={object_chunk(n * OBJECT_CHUNKS, length)[0].oid
+                               for n in range(shape.pinned_objects)})
     keys: dict[int, bytes] = {}
     ids: dict[bytes, int] = {}
-    index: dict[bytes, ChunkRecord] = {}
-    used, length, out = 0, shape.chunk_bytes, Replay()
-    admission = Admission(shape.half_life, shape.chunks, shape.capacity * length)
-    generation, coldest = 0, (-1, b"", 0.0)  # ChunkCache._generation and ._coldest
-    pinned = {object_chunk(n * OBJECT_CHUNKS, length)[0].oid
-              for n in range(shape.pinned_objects)}
+    out = Replay()
     writing, staged = None, []  # the object being written, its chunks' keys (unsaved)
-    written: dict[bytes, None] = {}  # ChunkCache._written: read at most once, oldest first
-    last_read = 0.0
-    clock = HalfLife(shape.half_life, admission.chunks)  # ChunkCache.half_life
 
-    def accessed(now: float, generation: int) -> int:  # ChunkCache._accessed
-        admission.accessed()
-        if clock.accessed(now):
-            evictor.half_life = clock.value
-            admission.set_half_life(clock.value)
-            generation += 1
-        return generation
+    def drop(key: bytes, why: str | None) -> None:  # ChunkCache.drop(evicted=True)
+        policy.dropped(key, evicted=True)
 
-    def drop(victims: list[bytes], used: int, generation: int) -> tuple[int, int]:
-        for victim in victims:
-            rec = index.pop(victim)
-            written.pop(victim, None)
-            admission.dropped(victim)
-            admission.evicted(victim, rec)
-            used -= rec.length
-            generation += 1
-        return used, generation
+    def fill(key: bytes, kind: Fill, now: float, held: bool = False) -> None:
+        # ChunkCache.filling (and the chunk file written at once)
+        if policy.fill_started(key, length, kind, DEFAULT, now, held=held):
+            if carry_out(policy.room_for_fill(key, now), drop) is Outcome.STORED:
+                policy.stored(key, (), now)
+            policy.fill_ended(key)
 
-    def yielded_room(key: bytes, lru_hit: bool, now: float, used: int, generation: int
-                     ) -> tuple[bool, int, int]:  # ChunkCache._yielded_room
-        yielded = admission.yielding(
-            key, lambda k: k[:16] not in pinned and index[k].length >= length, lru_hit)
-        if yielded is not None:
-            used, generation = drop([yielded[0]], used, generation)
-            if not evictor.must_evict(used, length):
-                return True, used, generation
-        admission.refused(key, now)
-        return False, used, generation
-
-    def uploaded(now: float, used: int, generation: int) -> tuple[int, int]:
-        # writeback._settle: each chunk moves into its staging copy's room
+    def uploaded(now: float) -> None:
+        # writeback._settle: ChunkCache.hold, then each chunk moves into its staging copy's
+        # room (ChunkCache.fill(held=)), last first
+        if staged:
+            policy.hold(DEFAULT, len(staged) * length)
         for key in reversed(staged):
-            generation = accessed(now, generation) + 1  # release_held
-            if key not in index:
-                heat = admission.entry_heat(key, Fill.WRITTEN, now, length)
-                index[key] = ChunkRecord(length, heat, now, ())
-                written[key] = None
-                used += length
-                generation += 1
+            policy.release_held(DEFAULT, length)
+            fill(key, Fill.WRITTEN, now, held=True)
         staged.clear()
-        return used, generation
 
     jobs = set(trace.jobs)
     for i, (cid, write) in enumerate(zip(trace.chunks, trace.writes)):
         now = START + i * shape.step
-        if i in jobs:  # FileIO.open
-            admission.job_opened(f"job:{i}")
+        if i in jobs:  # FileIO.open -> ChunkCache.opened_by
+            policy.opened_by(f"job:{i}")
         if writing is not None and not (write and cid // OBJECT_CHUNKS == writing):
-            used, generation = uploaded(now, used, generation)  # the file is closed
+            uploaded(now)  # the file is closed
             writing = None
         key = keys.get(cid)
         if key is None:
             obj, n = object_chunk(cid, length)
             key = keys[cid] = obj.chunk_key(n)
             ids[key] = cid
-        rec = None if write else index.get(key)
-        out.access(write, rec is not None)
-        if not write:
-            last_read = now  # ChunkCache._last_read: a touch or a reader's fill
-        if rec is not None:  # ChunkCache.read(touch=True) -> touch()
-            admission.read(key, rec)
-            rec.heat = touched(rec.heat, rec.last_access, now, evictor.half_life)
-            rec.last_access = now
-            if rec.heat >= 1.0:
-                written.pop(key, None)
-            generation = accessed(now, generation)
-            continue
-        dirty = len(staged) * length
-        if write:  # writeback._materialize -> ChunkCache.reserve_dirty: its staging copy
-            # ChunkCache._recycle: the oldest written chunk read at most once goes first,
-            # unless written since the last read
-            while written and evictor.must_evict(used + dirty, length):
-                first = next(iter(written))
-                if index[first].last_access > last_read:
-                    break
-                used, generation = drop([first], used, generation)
-            victims, fits = evictor.victims(index, used + dirty, length, (), pinned)
-            used, generation = drop(victims, used, generation)
-            if fits and key not in staged:
+        hit = not write and key in policy.chunks
+        out.access(write, hit)
+        if hit:  # ChunkCache.read(touch=True) -> touch()
+            policy.touch(key, now)
+        elif write:  # writeback._materialize -> ChunkCache.reserve_dirty: its staging copy
+            if carry_out(policy.room_for_dirty(DEFAULT, length), drop) is Outcome.STORED:
                 staged.append(key)
                 writing = cid // OBJECT_CHUNKS
-                generation += 1
-            continue
-        lru_hit = admission.missed(key, length)  # ChunkCache.filling
-        generation = accessed(now, generation)
-        # ChunkCache.filling -> _make_room (nothing being written): the admission policy
-        # (against the coldest chunk the last sort found while it still is, as ChunkCache
-        # does), evictions, then stored() at the entry heat
-        refused = coldest[0] == generation \
-            and index[coldest[1]].last_access == coldest[2] \
-            and evictor.must_evict(used + dirty, length) \
-            and not admission.admits(key, length, coldest[1], index[coldest[1]], now)
-        if not refused:
-            victims, fits = evictor.victims(index, used + dirty, length, (), pinned)
-            if victims:
-                coldest = (generation, victims[0], index[victims[0]].last_access)
-            refused = bool(victims) and not admission.admits(key, length, victims[0],
-                                                             index[victims[0]], now)
-        if refused:
-            fits, used, generation = yielded_room(key, lru_hit, now, used + dirty, generation)
-            used -= dirty
-        else:
-            used, generation = drop(victims, used, generation)
-        if fits:
-            heat = admission.entry_heat(key, Fill.READ, now, length)
-            index[key] = ChunkRecord(length, heat, now, ())
-            used += length
-            generation += 1
-    uploaded(START + len(trace.chunks) * shape.step, used, generation)
-    out.cached = {ids[k] for k in index}
+        else:  # a miss: the chunk is fetched and filled
+            fill(key, Fill.READ, now)
+    uploaded(START + len(trace.chunks) * shape.step)
+    out.cached = {ids[k] for k in policy.chunks}
     return out
 
 

@@ -1,6 +1,6 @@
 """bench/evict.py, the eviction-quality benchmark: its OPT and LRU are right on hand-checked
-cases, OPT bounds every policy it is compared with, and its replay of tierfs's policy is
-exactly what the real ChunkCache (LMDB, chunk files, fake clock) does with the same trace.
+cases, and OPT bounds every policy it is compared with. Its tierfs column is the placement
+policy itself (tierfs/cache/policy.py), the object ChunkCache asks: no copy to keep equal.
 """
 
 from __future__ import annotations
@@ -12,9 +12,7 @@ from dataclasses import replace
 
 import pytest
 
-from tierfs.cache import Fill
-from tierfs.cache.heat import PER_CACHE, RESTORED, UNREAD_WRITTEN, eviction_order, touched
-from unitkit import FakeClock, make_cache, sample
+from tierfs.cache.heat import RESTORED, UNREAD_WRITTEN, eviction_order, touched
 
 # loaded by path: putting bench/ on sys.path would let its run.py, write.py... shadow names
 _SPEC = importlib.util.spec_from_file_location("evict", os.path.join(
@@ -167,63 +165,3 @@ def test_bad_options_are_one_line(capsys, argv):
     assert e.value.code == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("evict.py: error: ")
-
-
-@pytest.mark.parametrize("fill_time", [60.0, 8192.0])  # 8192: the half-life follows the reads
-@pytest.mark.parametrize("name", ["checkpoints", "hot+scans", "epochs-shuffled", "zipf", "jobs"])
-async def test_replay_is_what_chunk_cache_does(tmp_path, name, fill_time):
-    """The same trace through the real ChunkCache (read with touch, fill on a miss; a
-    write reserves its unsaved bytes, and when its object is done its chunks move into
-    their room, last first; admission and all) hits on the same accesses and ends with the
-    same chunks cached."""
-    shape = evict.Shape(40, chunk_bytes=4096, fill_time=fill_time)
-    trace = evict.make_trace(name, shape.chunks, seed=5)
-    bench = evict.replay_tierfs(trace, shape)
-    clock = FakeClock(evict.START)
-    rig = make_cache(str(tmp_path), cache_size=shape.budget, clock=clock,
-                     half_life=shape.half_life, high=shape.high, low=shape.low)
-    data = bytes(shape.chunk_bytes)
-    hits = bytearray()
-
-    def key_of(cid: int) -> bytes:
-        obj, index = evict.object_chunk(cid, shape.chunk_bytes)
-        return obj.chunk_key(index)
-    staged: list[tuple[evict.ObjectVersion, bytes]] = []  # a file being written: its chunks
-
-    async def uploaded() -> None:  # as writeback._settle does
-        if staged:
-            rig.cache.hold(len(staged) * shape.chunk_bytes, key=staged[0][0].key)
-        for obj, key in reversed(staged):
-            await rig.cache.fill(obj, key, data, Fill.WRITTEN, held=shape.chunk_bytes)
-        staged.clear()
-    jobs = set(trace.jobs)
-    try:
-        for i, (cid, write) in enumerate(zip(trace.chunks, trace.writes)):
-            clock.now = evict.START + i * shape.step
-            if i in jobs:  # a new job's first open (FileIO.open)
-                rig.cache.admission.job_opened(f"job:{i}")
-            obj, _ = evict.object_chunk(cid, shape.chunk_bytes)
-            if staged and not (write and obj.key == staged[0][0].key):
-                await uploaded()  # closed
-            key = key_of(cid)
-            got = None if write else await rig.cache.read(key, 0, 0, touch=True)
-            hits.append(got is not None)
-            if write:  # writeback._materialize: its staging copy
-                assert await rig.cache.reserve_dirty(shape.chunk_bytes, 10, key=obj.key)
-                staged.append((obj, key))
-            elif got is None:
-                await rig.cache.fill(obj, key, data)
-        clock.now = evict.START + len(trace.chunks) * shape.step
-        await uploaded()
-        # the policy decided something: evictions, refusals or both
-        assert (sample(rig.metrics, "tierfs_cache_evictions_total")
-                + sample(rig.metrics, "tierfs_cache_refused_chunks_total")) > 0
-        assert bench.hits > 0 and hits == bench.hit
-        assert {cid for cid in set(trace.chunks) if rig.cache.has(key_of(cid))} == bench.cached
-        in_use = sample(rig.metrics, "tierfs_cache_heat_half_life_seconds")
-        cache = rig.cache
-        assert in_use == cache.half_life.value == cache.evictor.half_life \
-            == cache.admission.half_life == cache.admission.history.half_life
-        assert (in_use > shape.half_life) == (PER_CACHE * fill_time > shape.half_life)
-    finally:
-        rig.close()

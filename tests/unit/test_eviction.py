@@ -12,7 +12,7 @@ import pytest
 import trio
 
 from tierfs.cache import Fill, admission
-from tierfs.cache.admission import (ABANDONED, MARGIN, MIN_GAP, RESTORED_KEPT, SKIPPED_MAX,
+from tierfs.cache.admission import (ABANDONED, MARGIN, MIN_GAP, SKIPPED_MAX,
                                     TRAILING, Admission, LruShadow)
 from tierfs.cache.heat import RESTORED, UNREAD_WRITTEN
 from tierfs.cache.keys import ObjectVersion
@@ -305,7 +305,7 @@ async def test_a_data_set_no_longer_read_gives_way_to_chunks_read_again(tmp_path
 def test_the_least_recently_read_abandoned_chunk_is_offered_to_a_chunk_read_before():
     """Where the coldest chunk is not abandoned (heat hardly decays: it is the new data
     set's own), a refused chunk read before takes the room of the least recently read
-    abandoned one (ChunkCache._yielded_room); one that cannot go (pinned, being written)
+    abandoned one (Placement._room_of_refused); one that cannot go (pinned, being written)
     moves to the back."""
     # a gap counts as at least MIN_GAP x 10 = 15 accesses: 3 x 15
     adm = Admission(1e9, 10, 10 * CHUNK)
@@ -318,17 +318,18 @@ def test_the_least_recently_read_abandoned_chunk_is_offered_to_a_chunk_read_befo
         adm.read(key, rec)
         adm.accessed()
     anything = lambda key: True  # noqa: E731
-    assert adm.yielding(x, anything, False) is None  # x was never read: no claim
+    assert adm.replaceable(x, anything, False) is None  # x was never read: no claim
     adm.refused(x, 0.0)
     for _ in range(50 - 7):
         adm.accessed()
-    assert adm.yielding(x, anything, False) is None  # b, the least recently read: 45 ago
+    assert adm.replaceable(x, anything, False) is None  # b, the least recently read: 45 ago
     adm.accessed()
-    assert adm.yielding(x, anything, False) == (b, "abandoned")  # 46 > 3 x 15
+    assert adm.replaceable(x, anything, False) == (b, "abandoned")  # 46 > 3 x 15
     adm.accessed()
-    assert adm.yielding(x, lambda key: key != b, False) == (c, "abandoned")  # b cannot go: to the back
+    # b cannot go: to the back
+    assert adm.replaceable(x, lambda key: key != b, False) == (c, "abandoned")
     adm.dropped(c)
-    assert adm.yielding(x, anything, False) is None  # a, read at 7, is next: 45 ago
+    assert adm.replaceable(x, anything, False) is None  # a, read at 7, is next: 45 ago
 
 
 def test_lru_shadow_holds_the_keys_plain_lru_would_in_bytes():
@@ -358,18 +359,18 @@ def test_the_cache_trails_lru_by_misses_lru_would_hit_less_hits_it_would_miss(mo
     adm.accessed()
     assert adm.missed(a, CHUNK) is True and adm.trail == 1  # LRU would have hit
     adm.accessed()
-    assert adm.trail == pytest.approx(0.98) and not adm.trailing
-    assert adm.missed(a, CHUNK) and adm.trailing
+    assert adm.trail == pytest.approx(0.98) and not adm.behind_lru
+    assert adm.missed(a, CHUNK) and adm.behind_lru
     adm.read(c, rec)  # a hit on a chunk LRU would not hold
-    assert adm.trail == pytest.approx(0.98) and not adm.trailing
+    assert adm.trail == pytest.approx(0.98) and not adm.behind_lru
     adm.entry_heat(b, Fill.WRITTEN, 0.0, CHUNK)  # LRU stores written (and warmed) chunks
     adm.read(b, rec)  # so LRU would hit it as well: no change
     assert adm.trail == pytest.approx(0.98)
     monkeypatch.undo()  # fewer than TRAILING_MIN (16) hits ahead is noise
     adm.trail = 16.0
-    assert not adm.trailing
+    assert not adm.behind_lru
     adm.trail = 16.5
-    assert adm.trailing
+    assert adm.behind_lru
 
 
 def test_a_small_cache_never_trails_lru():
@@ -381,7 +382,7 @@ def test_a_small_cache_never_trails_lru():
     for _ in range(10_000):
         adm.missed(key, CHUNK)  # LRU hits every time, the cache never
         adm.accessed()
-    assert 14.9 < adm.trail < 16.0 and not adm.trailing  # its limit: 15
+    assert 14.9 < adm.trail < 16.0 and not adm.behind_lru  # its limit: 15
 
 
 def test_while_the_cache_trails_lru_a_refused_chunk_takes_the_room_lru_let_go(monkeypatch):
@@ -399,18 +400,18 @@ def test_while_the_cache_trails_lru_a_refused_chunk_takes_the_room_lru_let_go(mo
         adm.read(key, rec)
         adm.accessed()
     adm.refused(x, 0.0)  # x was read before (its history), not LRU-hit yet
-    assert adm.yielding(x, anything, False) is None  # not trailing
+    assert adm.replaceable(x, anything, False) is None  # not trailing
     adm.trail = 1.0  # trailing (TRAILING x 4 = 0.08)
-    assert adm.yielding(x, anything, False) is None  # read before, LRU would not hit it
-    assert adm.yielding(x, anything, True) is None  # b, least recently read: LRU holds it
+    assert adm.replaceable(x, anything, False) is None  # read before, LRU would not hit it
+    assert adm.replaceable(x, anything, True) is None  # b, least recently read: LRU holds it
     adm.missed(y, CHUNK)
     adm.missed(z, CHUNK)  # LRU holds a (read last), y and z: b went
     assert b not in adm.lru and a in adm.lru
-    assert adm.yielding(x, anything, True) == (b, "lru")
-    assert adm.yielding(bytes(20), anything, False) == (b, "lru")  # never read before: new data
-    assert adm.yielding(x, lambda key: key != b, True) is None  # b cannot go; a is in LRU
+    assert adm.replaceable(x, anything, True) == (b, "lru")
+    assert adm.replaceable(bytes(20), anything, False) == (b, "lru")  # never read before: new data
+    assert adm.replaceable(x, lambda key: key != b, True) is None  # b cannot go; a is in LRU
     adm.trail = 0.0
-    assert adm.yielding(x, anything, True) is None
+    assert adm.replaceable(x, anything, True) is None
 
 
 @pytest.mark.parametrize("told", [False, True])
@@ -460,11 +461,10 @@ async def test_the_next_job_is_cached_as_lru_caches_it(tmp_path, monkeypatch, to
 
 
 def test_a_restored_checkpoints_room_is_kept_from_readers_for_the_next_save():
-    """For RESTORED_KEPT (1.25) cache-fulls of accesses after its restore, a written chunk
-    read once is not the room of a reader's chunk however often that one was read; after,
-    the comparison decides (a restored chunk ranks below one read)."""
-    assert RESTORED_KEPT == 1.25
-    adm = Admission(1e9, 8, 8 * CHUNK)  # kept for 10 accesses
+    """For a cache-full of accesses after its restore, a written chunk read once is not
+    the room of a reader's chunk however often that one was read; after, the comparison
+    decides (a restored chunk ranks below one read)."""
+    adm = Admission(1e9, 10, 10 * CHUNK)  # kept for 10 accesses
     w, x = bytes(20), b"x" * 20
     adm.entry_heat(w, Fill.WRITTEN, 0.0, CHUNK)
     adm.read(w, ChunkRecord(CHUNK, 0.0, 0.0, ()))  # the restore, at access 1
@@ -498,24 +498,24 @@ def test_a_new_jobs_data_takes_the_room_lru_let_go_of_chunks_not_read_since_it_s
     adm.refused(old, 0.0)  # read before
     for key in (b"x" * 20, b"y" * 20, b"z" * 20):
         adm.missed(key, CHUNK)  # LRU now holds x, y, z only
-    assert not adm.trailing and adm.yielding(new, anything, False) is None
+    assert not adm.behind_lru and adm.replaceable(new, anything, False) is None
     adm.job_opened("uid:1000")
-    assert adm.new_job_at == -1 and adm.yielding(new, anything, False) is None
+    assert adm.new_job_at == -1 and adm.replaceable(new, anything, False) is None
     adm.job_opened("job:7")
     assert adm.new_job_at == 3
-    assert adm.yielding(old, anything, False) is None  # read before: not the new job's data
-    assert adm.yielding(new, anything, False) == (a, "new_job")
+    assert adm.replaceable(old, anything, False) is None  # read before: not the new job's data
+    assert adm.replaceable(new, anything, False) == (a, "new_job")
     adm.read(a, rec)  # read since the job started (access 4): stays
     adm.accessed()
-    assert adm.yielding(new, anything, False) == (b, "new_job")
+    assert adm.replaceable(new, anything, False) == (b, "new_job")
     for _ in range(3):  # accesses 7: the window (a cache-full, 4) is over
         adm.accessed()
-    assert adm.yielding(new, anything, False) is None  # b and c would qualify in it
+    assert adm.replaceable(new, anything, False) is None  # b and c would qualify in it
     adm.job_opened("job:7")  # seen: no new window
     assert adm.new_job_at == 3
     adm.job_opened("pod:0b6b9c3e-5c1a-4f0e-9d2b-1a2b3c4d5e6f")
     assert adm.new_job_at == adm.accesses == 7
-    assert adm.yielding(new, anything, False) == (b, "new_job")
+    assert adm.replaceable(new, anything, False) == (b, "new_job")
 
 
 async def test_a_big_chunk_never_takes_the_room_of_small_files(tmp_path):
@@ -559,8 +559,8 @@ def test_a_refused_read_passes_over_at_most_skipped_max_chunks():
         looked.append(key)
         return key == big
     new = b"n" * 20
-    assert adm.yielding(new, only_the_last, False) is None and len(looked) == 65
-    assert adm.yielding(new, only_the_last, False) == (big, "new_job")  # 35 more, then it
+    assert adm.replaceable(new, only_the_last, False) is None and len(looked) == 65
+    assert adm.replaceable(new, only_the_last, False) == (big, "new_job")  # 35 more, then it
 
 
 async def test_a_slurm_jobs_first_open_is_told_to_admission(tmp_path):
@@ -587,13 +587,13 @@ async def test_refused_fills_do_not_sort_the_index_each_time(tmp_path):
     # that chunk makes it hotter: the next fill sorts again and sees the new coldest.
     rig = make_cache(str(tmp_path), cache_size=N * CHUNK, memory_bytes=0)
     sorts = 0
-    coldest = rig.evictor.coldest
+    coldest = rig.cache.policy.coldest
 
     def counting(*args, **kwargs):
         nonlocal sorts
         sorts += 1
         return coldest(*args, **kwargs)
-    rig.evictor.coldest = counting
+    rig.cache.policy.coldest = counting
     hot, scan = obj("hot", N), obj("scan", 4 * N)
     try:
         for i in range(N - 1):  # 15 chunks: just below the high watermark

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import os
-
-from tierfs.cache.evictor import Evictor
+from tierfs.cache.admission import Admission
 from tierfs.cache.pins import Pins
+from tierfs.cache.policy import Placement
 from tierfs.index.chunks import ChunkRecord
 from tierfs.index.meta import MetaStore
+from tierfs.tenants import DEFAULT
 
 A, B, C = b"a" * 16, b"b" * 16, b"c" * 16
 
@@ -54,13 +54,12 @@ def test_pins_persist_except_transient_ones_and_expire(tmp_path):
     assert A not in again and B in again and C not in again
 
 
-def test_evictor_never_picks_chunks_of_pinned_objects(tmp_path):
-    ev = Evictor(str(tmp_path), cache_size=100, min_free_ratio=0.0, high=0.9, low=0.5,
-                 half_life=60.0, statvfs=lambda _: os.statvfs_result((4096, 4096, 1 << 30, 1 << 30,
-                                                                       1 << 30, 0, 0, 0, 0, 255)))
-    index = {A + bytes(4): ChunkRecord(30, 1.0, 0.0, ()),  # coldest, but pinned
-             B + bytes(4): ChunkRecord(30, 5.0, 0.0, ()),
-             C + bytes(4): ChunkRecord(30, 9.0, 0.0, ())}
-    victims, fits = ev.victims(index, 90, 10, pinned={A})
+def test_evictor_never_picks_chunks_of_pinned_objects():
+    policy = Placement(Admission(60.0, 3, 100), budget=lambda used: 100, high=0.9, low=0.5,
+                       half_life=60.0, pinned={A})
+    policy.add(A + bytes(4), ChunkRecord(30, 1.0, 0.0, ()), DEFAULT)  # coldest, but pinned
+    policy.add(B + bytes(4), ChunkRecord(30, 5.0, 0.0, ()), DEFAULT)
+    policy.add(C + bytes(4), ChunkRecord(30, 9.0, 0.0, ()), DEFAULT)
+    victims, fits = policy.victims(10)
     assert A + bytes(4) not in victims and victims[0] == B + bytes(4)
     assert fits

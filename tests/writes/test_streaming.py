@@ -210,7 +210,7 @@ async def test_a_written_file_takes_its_size_in_the_cache_once(tmp_path):
         # file's 25 chunks leave 31-35 of the others; held twice they left 10 at most
         assert kept >= int(57.6) - chunks - 1, kept
         assert r.cache.used_bytes <= 61 * MiB and r.cache.dirty_bytes == 0
-        assert r.cache._reserved == 0  # nothing left held (ChunkCache.hold)
+        assert r.cache.policy.reserved == 0  # nothing left held (ChunkCache.hold)
         assert os.listdir(r.wb.dir) == []
 
 
@@ -244,7 +244,7 @@ async def test_a_saved_file_that_cannot_be_cached_is_still_saved(tmp_path, monke
         bugs = 0 if isinstance(failure, OSError) else 1
         assert r.sample("tierfs_internal_errors_total", {"task": "upload"}) == bugs
         assert not list(r.meta.journal.dirty_records()) and r.cache.dirty_bytes == 0
-        assert r.cache._reserved == 0  # what did not move is released too
+        assert r.cache.policy.reserved == 0  # what did not move is released too
         assert os.listdir(r.wb.dir) == []
         new = ObjectVersion("bucket", "w.bin", meta.etag, SIZE)
         keys = [new.chunk_key(i) for i in range(SIZE // MiB + 1)]

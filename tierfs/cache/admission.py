@@ -1,82 +1,29 @@
-"""Admission: which chunk a full disk tier takes in, and which it serves from memory only.
+"""Admission: whether a full disk tier takes in a chunk fetched for a reader.
 
-Eviction by heat alone keeps nothing of a loop over a data set larger than the cache (each
-chunk is the coldest just before its next read: LRU gets 0 too), and a one-shot scan
-pushes out a hot set read once a round. Both are the common shapes of training I/O. So,
-as TinyLFU does, a chunk fetched for a reader when the cache must evict to store it is
-stored only if it has clearly more reads than the chunk it would push out (the coldest
-victim): its heat, remembered from its reads while it was out of the cache (`History`),
-must be above MARGIN times the victim's, each weighed by what a miss on it costs per byte
-(heat.value: the same for chunks of one size). A chunk that loses is served from memory and its
-read is remembered: read again, it gets in over victims read less.
+A reader's chunk that would push a cached chunk out gets in only if it has clearly more
+reads than the chunk it would push out (TinyLFU's idea): its heat, remembered from its
+reads while it was out of the cache (`History`), must be above MARGIN times the victim's,
+both weighed by what a miss costs per byte (heat.value) and compared as of their own last
+reads. Otherwise it is served from memory only and its read remembered. So a loop over more
+data than the cache keeps what it cached, and a one-shot scan does not push out data read
+again. Free room is never refused, nor explicit fills (`tierfs warm`, written data).
 
-The two heats are compared as of each chunk's last read, plus the time between those
-reads minus LAG_IGNORED half-lives (decay counts only beyond that). A loop over the data
-reads equally hot chunks in some order: compared decayed to now, the one read later
-looks up to 2^(loop time / half-life) hotter and the cached set churns (a loop over 3x the
-cache kept 0.36x of what OPT keeps at the bench's default clock, 1.00x this way). Beyond
-the lag ignored, decay counts: yesterday's hot data gives way to today's data read twice.
+So that the cache still follows a workload that moves on, a refused chunk may take the
+room of one chunk (`replaceable`) that gives way:
+- a chunk not read for ABANDONED times the longest gap between its reads (counted in chunk
+  accesses, not seconds: an idle night changes nothing) has stopped being read;
+- while plain LRU would lately have hit clearly more than the cache (`LruShadow`, a shadow
+  LRU of keys, and `trail`, its lead: "behind LRU"), a chunk LRU let go gives way to one
+  LRU would hit or to new data;
+- for a cache-full of accesses after a new Slurm job or pod opens its first file
+  (`job_opened`), a chunk LRU let go and nobody read since gives way to new data.
+A victim whose heat decayed below STALE gives way to anything, and a restored checkpoint's
+room is kept from readers for a cache-full of accesses (the job's next save takes it).
 
-Stale data does not hold the cache for ever: a victim whose heat decayed to now is below
-STALE (10 half-lives for a chunk read once, 5 h at the default) gives way to any chunk.
-STALE is small because it must not fire inside a loop: an epoch that takes 4 half-lives
-(bench/evict.py at 8192 s per cache of reads) kept nothing with 1/16. Room is never
-refused while the cache has it (no eviction needed), nor to explicit fills: `tierfs
-warm`, and written data (the write path stores it anyway; a checkpoint read back after a
-restart is the point).
-
-A chunk's heat when stored (`entry_heat`): a reader's chunk enters with its remembered
-heat plus this read; a warmed one with 1 (it is there to be read); a written one with 0
-(heat counts reads), which eviction and admission rank as UNREAD_WRITTEN reads at its
-write (heat.py): the last checkpoint is kept for its restore, and the room of written
-chunks read at most once is what the next writes take first (ChunkCache.reserve_dirty).
-So a restored checkpoint's room is kept from readers for RESTORED_KEPT cache-fulls of
-accesses after its restore, for the job's next save: taken by readers, it made each save
-push out a batch of the data set, which readers then refilled (bench/evict.py
-checkpoints at 20 s: 0.80x OPT, 0.87x with it).
-
-Reads that stopped: comparing heats keeps the last job's data set, read many times, against
-the next job's, read a few times so far, for about 3 half-lives (bench/evict.py `jobs`). So
-a chunk not read for ABANDONED times the longest gap seen between two of its reads while
-cached (a gap counting as at least MIN_GAP cache-fulls of chunk accesses) is abandoned: it
-gives way to any chunk read before, as the victim the comparison would have, or, when the
-comparison refuses, as the least recently read chunk with a gap (`abandoned`; where heat
-hardly decays, the coldest chunks are the new data set's own, never the old set's). Gaps are
-counted in chunk accesses, not seconds (`accessed`): an idle night or a job waiting in the
-queue abandons nothing, and reads a moment apart by several handles are no period. A
-loop's chunk is read every epoch, so it is never that late; a chunk not read twice since
-it was stored (or since a restart) has no gap and is not judged this way.
-
-Where recency does better: heat keeps what was read most, which loses to plain LRU when the
-workload moves on before the old reads stop counting: the next job's data set, read a few
-times, against the last job's, read many (bench/evict.py `jobs`, 0.62x LRU with abandonment
-alone: the new set was cached from its 3rd epoch at best). So Admission keeps a shadow of
-plain LRU, the keys only, as many bytes as the cache holds (`LruShadow`), and counts how far the
-cache trails it (`trail`): +1 for a reader's miss LRU would have hit (`missed`), -1 for a
-hit LRU would have missed (`read`), the count fading by 1/chunks per chunk access (about
-a cache-full of accesses). While the cache trails LRU by more than TRAILING of its chunks
-(and TRAILING_MIN hits), a reader's chunk the comparison refused takes the room LRU would
-have taken for it, if
-LRU would hit it or it is new data (never read before, where LRU starts to cache): the
-least recently read cached chunk that LRU no longer holds (`yielding`). Loops over more
-than the cache, scans and checkpoint cycles are where the cache leads LRU (the trail
-stays below 0), so they keep their heat rules; a new job is where it trails, and from its
-2nd epoch it is cached as LRU caches it (`jobs`: 0.91x LRU).
-
-A new job's first epoch reads exactly as a one-shot pass over new data would (bench/evict.py
-`epochs+pass`: the same accesses up to the pass's end), and that pass must not push out
-the set the running job reads again: no count can tell them apart. The daemon can: it
-knows who reads (tierfs/telemetry/callers.py). When a Slurm job or a pod opens its first file here
-(`job_opened`: not among the last JOBS_KEPT seen), then for the next cache-full of
-accesses new data (never read before) takes the room of the least recently read chunk if
-LRU no longer holds it and it was not read since the job started: the last job's data
-gives way to the new job's as under LRU, what anyone read since stays (`jobs` 1.00x LRU;
-`epochs+pass`, one job, 1.00x OPT). A user's reads (uid:N) start nothing.
-
-History, gaps and the shadow are bounded (HISTORY_FACTOR x the cache's chunk count, at most
-HISTORY_MAX entries, oldest forgotten first; a gap per cached chunk; the shadow's capacity;
-JOBS_KEPT jobs) and live in memory: after a restart a loop's chunks are new again (read
-once, nothing to compare) and every job counts as new.
+A chunk's heat when stored (`entry_heat`): a reader's chunk its remembered heat plus this
+read, a warmed one 1, a written one 0 (heat counts reads; heat.py ranks it). Everything
+here is bounded and in memory: after a restart every chunk is new again. Why each rule,
+with figures: docs/architecture.md decision 3a and bench/README.md "Eviction quality".
 """
 
 from __future__ import annotations
@@ -88,39 +35,18 @@ from typing import Callable
 from ..index.chunks import ChunkRecord
 from .heat import RESTORED, decayed, ranked, value
 
-STALE = 1 / 1024  # a victim's decayed heat below this yields to any chunk
-# chunks read equally often must not displace each other on timing: bench/evict.py,
-# epochs-shuffled at 1024 s, 1.25 gave 0.52x OPT and 2 gives 1.00x
-MARGIN = 2.0
-LAG_IGNORED = 2.0  # half-lives between two chunks' last reads that do not count
-HISTORY_FACTOR = 4  # chunks remembered: this many cache-fulls
-HISTORY_MAX = 1 << 20  # at most (~100 MB of dict at 1 M entries)
-# a chunk not read for this many times its longest gap between reads is abandoned (module
-# doc), a gap counting as at least MIN_GAP cache-fulls of chunk accesses: bench/evict.py jobs
-# 0.40x -> 0.62x OPT at every clock, the rest as they were. ABANDONED 2 gave jobs 0.58x but
-# checkpoints 0.85x at 20 s, 2.5 and 4 0.52x; MIN_GAP 1 cost checkpoints 0.76x at 20 s (a
-# chunk of a loop over 2 C seen once a short gap apart), 2 gave jobs 0.46x at 20 s
-ABANDONED = 3.0
-MIN_GAP = 1.5
-# a restored checkpoint's room is kept from readers for this many cache-fulls of chunk
-# accesses after its restore (module doc): bench/evict.py checkpoints 0.80x -> 0.87x OPT at
-# 20 s (0.76x -> 0.87x at every clock with heat.PER_CACHE 12); 1 and 2 the same
-RESTORED_KEPT = 1.25
-# the cache trails plain LRU (module doc) while LRU's extra hits, fading over a cache-full
-# of accesses, pass this share of its chunks: bench/evict.py jobs 0.62x -> 0.91x OPT, the
-# rest as they were (seeds 1-5); 0.01 let a shuffled loop's noise trip it (seed 2:
-# epochs-shuffled 0.97x), 0 more so (0.95x, checkpoints 0.75x at 20 s), 0.05 jobs 0.89x
-TRAILING = 0.02
-# and by at least this many hits: fewer is noise. The count never passes its cache's chunk
-# count, so caches of up to 800 chunks never trail: bench/report_run.py's 16-chunk cache,
-# where 16 record reads touch each chunk an epoch, trailed on single misses and churned its
-# training chunks (their hits 59% -> 55%)
-TRAILING_MIN = 16.0
-JOBS_KEPT = 1024  # Slurm jobs and pods remembered as seen (`job_opened`)
-# chunks `yielding` passes over (pinned, being written, smaller than the incoming one: to
-# the back of the order) before it gives up: a refused read must not walk a million label
-# files
-SKIPPED_MAX = 64
+# Each constant: what it trades (figures for other values: bench/README.md "Eviction quality")
+STALE = 1 / 1024  # decayed heat at which a victim gives way to anything: old data vs slow loops
+MARGIN = 2.0  # reads a newcomer needs over its victim, as a factor: churn vs slow take-over
+LAG_IGNORED = 2.0  # half-lives between two last reads not counted: loop churn vs new data
+HISTORY_FACTOR = 4  # cache-fulls of keys remembered while out: rarer re-reads seen vs memory
+HISTORY_MAX = 1 << 20  # remembered keys at most (~100 MB of dict): memory vs history
+ABANDONED = 3.0  # x its longest read gap unread, a chunk stopped being read: move on vs loops
+MIN_GAP = 1.5  # cache-fulls of accesses a read gap counts at least: restores vs finished jobs
+TRAILING = 0.02  # LRU's lead, share of the chunks, before its order is followed: noise vs jobs
+TRAILING_MIN = 16.0  # and in hits at least: small caches following LRU on single misses
+JOBS_KEPT = 1024  # jobs remembered as seen: memory vs an old job taken for a new one
+SKIPPED_MAX = 64  # chunks a refused read passes over for room: CPU per refusal vs room found
 
 
 class Fill(enum.Enum):
@@ -217,8 +143,8 @@ class Admission:
         if decayed(max(victim.heat, 1.0), victim.last_access, now, self.half_life) < STALE:
             return True
         if victim.heat == RESTORED and vkey in self._once and \
-                self.accesses - self._once[vkey] < RESTORED_KEPT * self.chunks:
-            return False  # the next save's room (module doc)
+                self.accesses - self._once[vkey] < self.chunks:
+            return False  # the next save's room, for a cache-full of accesses (module doc)
         past = self.history.last(ckey)
         if past is None:
             return False
@@ -241,20 +167,20 @@ class Admission:
 
     def missed(self, ckey: bytes, length: int) -> bool:
         """A reader's chunk of `length` bytes not in the cache is fetched (before
-        `accessed`): whether plain LRU would have hit it (`yielding` takes that)."""
+        `accessed`): whether plain LRU would have hit it (`replaceable` takes that)."""
         hit = self.lru.access(ckey, length)
         self.trail += hit
         return hit
 
     @property
-    def trailing(self) -> bool:
+    def behind_lru(self) -> bool:
         """Whether plain LRU has lately hit clearly more than the cache (module doc)."""
         return self.trail > max(TRAILING * self.chunks, TRAILING_MIN)
 
     def job_opened(self, reader: str) -> None:
         """`reader` (tierfs/telemetry/callers.py) opened a file: a Slurm job or pod not seen before
         opens a cache-full of accesses in which new data takes the room of data not read
-        since (module doc, `yielding`). Users (uid:N) do not: what they read by hand is more
+        since (module doc, `replaceable`). Users (uid:N) do not: what they read by hand is more
         often a pass than a working set."""
         if not reader.startswith(("job:", "pod:")):
             return
@@ -286,7 +212,7 @@ class Admission:
     def _stopped(self, gap: int, last: int) -> bool:
         return self.accesses - last > ABANDONED * max(gap, MIN_GAP * self.chunks)
 
-    def yielding(self, ckey: bytes, evictable: Callable[[bytes], bool],
+    def replaceable(self, ckey: bytes, evictable: Callable[[bytes], bool],
                  lru_hit: bool) -> tuple[bytes, str] | None:
         """(the cached chunk whose room `ckey` takes, why: "abandoned", "lru" or "new_job"),
         `ckey` a reader's chunk the comparison refused (module doc; `lru_hit`: `missed` said
@@ -299,10 +225,10 @@ class Admission:
         the back of the order, at most SKIPPED_MAX of them a call."""
         known = self.history.last(ckey) is not None
         if known:
-            victim = self._abandoned(evictable)
+            victim = self._stopped_being_read(evictable)
             if victim is not None:
                 return victim, "abandoned"
-        if self.trailing and (lru_hit or not known):
+        if self.behind_lru and (lru_hit or not known):
             before, why = float("inf"), "lru"  # any chunk LRU let go
         elif not known and self.accesses - self.new_job_at < self.chunks:
             before, why = self.new_job_at, "new_job"  # those not read since it started
@@ -312,7 +238,7 @@ class Admission:
         return (victim, why) if victim is not None and victim not in self.lru \
             and last < before else None
 
-    def _abandoned(self, evictable: Callable[[bytes], bool]) -> bytes | None:
+    def _stopped_being_read(self, evictable: Callable[[bytes], bool]) -> bytes | None:
         for _ in range(min(len(self._gaps), SKIPPED_MAX + 1)):
             vkey, (gap, last) = next(iter(self._gaps.items()))
             if not self._stopped(gap, last):

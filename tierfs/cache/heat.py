@@ -9,7 +9,7 @@ admission.py) ranks as UNREAD_WRITTEN reads at its store time, so the last check
 kept for its restore over data read a few times; its first read (the restore) makes it
 RESTORED, below one read: a checkpoint restored once is not a working set, and, like an
 unread one, it is the room the next writes take first (a written chunk read at most once:
-heat below 1; ChunkCache.reserve_dirty, docs/architecture.md decision 3e). A second read
+heat below 1; policy.py `_recycle`, docs/architecture.md decision 3e). A second read
 makes it an ordinary chunk (RESTORED decayed + 1).
 
 What a chunk is worth keeping is its heat times what a miss on it costs per byte of cache it
@@ -23,13 +23,10 @@ from __future__ import annotations
 
 import math
 
-# the bytes a GET's first-byte latency is worth: ~20-30 ms at ~100 MB/s per stream (S3, RGW)
-MISS_OVERHEAD = 2 << 20
-# an unread written chunk ranks as this many reads at its write (for eviction and admission):
-# bench/evict.py checkpoints at 20 s per cache of reads, 1 gives 0.57x OPT, 2 0.70x, 4 0.80x,
-# 8 0.81x (0.87x at 1024 s with each)
-UNREAD_WRITTEN = 4.0
-RESTORED = 0.5  # the heat of a written chunk after its first read: below any read chunk
+# Each constant: what it trades (figures for other values: bench/README.md "Eviction quality")
+MISS_OVERHEAD = 2 << 20  # bytes a GET's first-byte latency is worth: small files vs big chunks
+UNREAD_WRITTEN = 4.0  # reads an unread written chunk ranks as: checkpoints kept vs data kept
+RESTORED = 0.5  # heat of a written chunk read once: below any read chunk (a rank, not tuned)
 
 
 def decayed(heat: float, last_access: float, now: float, half_life: float) -> float:
@@ -64,13 +61,7 @@ def eviction_order(heat: float, last_access: float, half_life: float, length: in
     return math.log2(value(ranked(heat), length)) + last_access / half_life
 
 
-# half-lives, at least, per cache's worth of chunk accesses: heat remembers about as many
-# cache-fulls of reads as TinyLFU's sample (10 x the cache). bench/evict.py zipf 0.87x ->
-# 0.91x OPT at 1024 s (a chunk of rank ~950 is read 0.19 times a 1.75-cache half-life:
-# too rarely for heat to rank it), the rest as they were with admission.RESTORED_KEPT
-# (without it, checkpoints 0.76x); 8 gave zipf 0.90x, 16 as 12. It was 1.75 (the default's
-# own ratio: 30 min against a 1 TiB cache read at 1 GiB/s), when heat decay was also how a
-# new job's data set got in: now abandonment and trailing LRU do that (admission.py)
+# half-lives at least per cache-full of chunk accesses: rarely read chunks ranked vs adapting
 PER_CACHE = 12.0
 
 
@@ -82,12 +73,9 @@ class HalfLife:
     Heat must outlast a pass over the cache: a loop over a data set larger than the cache
     reads each chunk once a pass, and once a pass takes several half-lives the chunks it
     read first have decayed to nothing against those it read last, so the admission
-    policy's comparisons churn (bench/evict.py at one cache of reads per 8192 s with the
-    default 30 min: epochs over 1.5 C kept 0.42x of what OPT keeps, over 5 C 0.21x, a hot
-    set read once a round between scans 0.00x; with this half-life every trace is as at
-    1024 s). Slow nodes get a longer half-life; fast ones keep the configured one. It
-    starts at the configured one (it is not kept across restarts) and changes once a
-    cache's worth of accesses.
+    policy's comparisons churn (bench/README.md, "The clock"). Slow nodes get a longer
+    half-life; fast ones keep the configured one. It starts at the configured one (it is
+    not kept across restarts) and changes once a cache's worth of accesses.
     """
 
     def __init__(self, configured: float, chunks: int) -> None:

@@ -33,7 +33,7 @@ async def build_report(req: ReportRequest, *, info: dict[str, Any], analytics: A
                        stalls: "StallLog | None" = None) -> dict[str, Any]:
     now = analytics.clock()  # the core's clock (a test's fake one too)
     await cache.flush_index()  # the walk below sees what was read up to now
-    half_life = cache.evictor.half_life
+    half_life = cache.half_life.value
     pinned_oids = set(cache.pins.objects())
     prefixes = analytics.prefixes()  # copies, taken on this thread
     view = await trio.to_thread.run_sync(analytics.cache_view, pinned_oids, half_life, now,
