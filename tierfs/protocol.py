@@ -28,7 +28,7 @@ from pydantic import (
 from .config import MAX_DURATION, MAX_TEXT, check_job_id, usage_error
 from .errors import TierfsError, UsageError
 
-PROTOCOL = 1
+PROTOCOL: Literal[1] = 1
 # a request carries at most a 1 MiB manifest's paths (config.MANIFEST_MAX_BYTES), which
 # JSON escaping can make larger; only root and the mounting user get to send one
 MAX_REQUEST = 2 << 20
@@ -241,7 +241,7 @@ def parse_request(line: bytes) -> Request:
     if model is None:
         raise UsageError(f"unknown request {_short(op)}")
     try:
-        return model.model_validate(data)  # type: ignore[return-value]
+        return model.model_validate(data)  # type: ignore[return-value]  # one of Request
     except ValidationError as exc:
         err = exc.errors()[0]
         if err["loc"][:1] == ("paths",) and err["type"] in ("list_type", "too_short",

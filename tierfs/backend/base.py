@@ -9,6 +9,7 @@ those) is mapped at this boundary, so the core never meets a foreign exception.
 
 from __future__ import annotations
 
+import builtins
 from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
@@ -66,7 +67,7 @@ class Backend(Protocol):
     def head(self, key: str) -> ObjectMeta: ...
 
     def get(self, key: str, start: int, length: int, etag: str | None, *,
-            size: int | None = None) -> bytes:
+            size: int | None = None) -> bytes | bytearray:
         """Bytes [start, start+length) (fewer only at the end of the object), verified
         wherever the store gives a way (tierfs/integrity.py): IntegrityError otherwise.
 
@@ -104,10 +105,11 @@ class Backend(Protocol):
     def upload_part_copy(self, key: str, upload_id: str, part: int, src: str, src_etag: str,
                          start: int, length: int) -> str: ...
 
-    def mpu_complete(self, key: str, upload_id: str, parts: list[tuple[int, str]]) -> str:
+    def mpu_complete(self, key: str, upload_id: str,
+                     parts: builtins.list[tuple[int, str]]) -> str:
         """Returns the new object's ETag."""
 
     def mpu_abort(self, key: str, upload_id: str) -> None: ...
 
-    def mpu_list(self, key: str) -> list[MultipartUpload]:
+    def mpu_list(self, key: str) -> builtins.list[MultipartUpload]:
         """The unfinished multipart uploads of exactly this key."""

@@ -9,6 +9,7 @@ boundary promises.
 
 from __future__ import annotations
 
+import builtins
 import functools
 import hashlib
 import json
@@ -17,6 +18,8 @@ import shutil
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
+from typing import Concatenate, ParamSpec, TypeVar
 
 from ..errors import BackendError, Exists, NoSuchBucket, NotFound, PreconditionFailed, TierfsError
 from .base import BackendEvents, ListPage, MultipartUpload, ObjectMeta
@@ -25,10 +28,15 @@ _PRIVATE = ".tierfs-"  # names the backend keeps for itself; never listed
 _META_XATTR = "user.tierfs.metadata"
 
 
-def _mapped(fn):  # noqa: ANN001, ANN202 - a method decorator
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def _mapped(fn: Callable[Concatenate[FileBackend, _P], _R]
+            ) -> Callable[Concatenate[FileBackend, _P], _R]:
     """An OSError the method did not map itself becomes BackendError naming the call."""
     @functools.wraps(fn)
-    def call(self, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+    def call(self: FileBackend, *args: _P.args, **kwargs: _P.kwargs) -> _R:
         try:
             return fn(self, *args, **kwargs)
         except TierfsError:
@@ -190,7 +198,8 @@ class FileBackend:
         os.makedirs(d, exist_ok=True)
         return d
 
-    def _publish(self, tmp: str, path: str, key: str, metadata: dict[str, str] | None) -> ObjectMeta:
+    def _publish(self, tmp: str, path: str, key: str,
+                 metadata: dict[str, str] | None) -> ObjectMeta:
         os.setxattr(tmp, _META_XATTR, json.dumps(metadata or {}).encode())
         os.replace(tmp, path)
         # distinct mtimes give distinct ETags even for two writes in one clock tick
@@ -251,7 +260,8 @@ class FileBackend:
         return self.upload_part(key, upload_id, part, self.get(src, start, length, src_etag))
 
     @_mapped
-    def mpu_complete(self, key: str, upload_id: str, parts: list[tuple[int, str]]) -> str:
+    def mpu_complete(self, key: str, upload_id: str,
+                     parts: builtins.list[tuple[int, str]]) -> str:
         d = os.path.join(self._staging(), "mpu-" + upload_id)
         try:
             with open(os.path.join(d, "meta")) as f:
@@ -270,7 +280,7 @@ class FileBackend:
         return etag
 
     @_mapped
-    def mpu_list(self, key: str) -> list[MultipartUpload]:
+    def mpu_list(self, key: str) -> builtins.list[MultipartUpload]:
         out = []
         for name in os.listdir(self._staging()):
             if name.startswith("mpu-"):

@@ -25,6 +25,7 @@ counted in tierfs_internal_errors_total{task="backend"}.
 
 from __future__ import annotations
 
+import builtins
 import functools
 import itertools
 import logging
@@ -72,7 +73,8 @@ class AsyncBackend:
         self._inflight: dict[int, _Request] = {}  # changed on the trio thread only
         self._ids = itertools.count()
         if isinstance(getattr(backend, "events", None), BackendEvents):
-            backend.events = BackendEvents(  # type: ignore[attr-defined]
+            # `events` is optional on a Backend, so the Protocol does not declare it
+            backend.events = BackendEvents(  # type: ignore[attr-defined]  # checked above
                 resumed=metrics.backend_resumed.inc,
                 integrity_failure=lambda check: metrics.integrity_failures.labels(check).inc())
         self.foreground = trio.CapacityLimiter(concurrency)
@@ -141,7 +143,7 @@ class AsyncBackend:
                 return fn()
             except TierfsError:
                 raise
-            except Exception as exc:  # noqa: BLE001 - the boundary
+            except Exception as exc:  # the boundary
                 if not mapped:
                     raise
                 self.metrics.internal_errors.labels("backend").inc()
@@ -194,7 +196,7 @@ class AsyncBackend:
         return await self._call("head", functools.partial(self.sync.head, key), False, key=key)
 
     async def get(self, key: str, start: int, length: int, etag: str | None, *,
-                  background: bool = False, size: int | None = None) -> bytes:
+                  background: bool = False, size: int | None = None) -> bytes | bytearray:
         """`size`: the object's size, if known (lets a whole-object GET be verified by the
         object's S3 checksums, see Backend.get)."""
         # passed only when given: a backend written before `size` existed still works
@@ -226,7 +228,8 @@ class AsyncBackend:
 
     # writes run at foreground priority: a flush or fsync has a caller waiting on it
 
-    async def put(self, key: str, data: bytes, metadata: dict[str, str] | None = None) -> ObjectMeta:
+    async def put(self, key: str, data: bytes,
+                  metadata: dict[str, str] | None = None) -> ObjectMeta:
         return await self._call("put", functools.partial(self.sync.put, key, data, metadata), False,
                                 key=key)
 
@@ -245,7 +248,8 @@ class AsyncBackend:
         await self._call("delete", functools.partial(self.sync.delete, key), False, key=key)
 
     async def mpu_create(self, key: str, metadata: dict[str, str] | None = None) -> str:
-        return await self._call("mpu_create", functools.partial(self.sync.mpu_create, key, metadata),
+        return await self._call("mpu_create",
+                                functools.partial(self.sync.mpu_create, key, metadata),
                                 False, key=key)
 
     async def upload_part(self, key: str, upload_id: str, part: int, data: bytes) -> str:
@@ -258,11 +262,12 @@ class AsyncBackend:
                                start, length)
         return await self._call("upload_part_copy", fn, False, key=src, offset=start)
 
-    async def mpu_complete(self, key: str, upload_id: str, parts: list[tuple[int, str]]) -> str:
+    async def mpu_complete(self, key: str, upload_id: str,
+                           parts: builtins.list[tuple[int, str]]) -> str:
         fn = functools.partial(self.sync.mpu_complete, key, upload_id, parts)
         return await self._call("mpu_complete", fn, False, key=key)
 
-    async def mpu_list(self, key: str) -> list[MultipartUpload]:
+    async def mpu_list(self, key: str) -> builtins.list[MultipartUpload]:
         return await self._call("mpu_list", functools.partial(self.sync.mpu_list, key), False,
                                 key=key)
 

@@ -16,12 +16,13 @@ standard chain (environment, shared files, instance roles).
 
 from __future__ import annotations
 
+import builtins
 import hashlib
 import http.client
 import logging
 import re
 import time
-from typing import Callable
+from typing import Callable, Protocol
 
 import boto3
 import botocore.exceptions as bex
@@ -71,6 +72,14 @@ _CHECKSUM_FIELDS = {"crc32": "ChecksumCRC32", "crc32c": "ChecksumCRC32C",
                     "sha256": "ChecksumSHA256"}
 
 
+class _Body(Protocol):
+    """A GET response's body: botocore's StreamingBody (or a test's stand-in)."""
+
+    def readinto(self, b: memoryview) -> int: ...
+
+    def close(self) -> None: ...
+
+
 class _Cut(Exception):
     """A body ended before its Content-Length (a clean FIN mid-body)."""
 
@@ -81,7 +90,7 @@ def _etag(raw: str) -> str:
 
 def _crc64nvme() -> Callable[[memoryview], bytes] | None:
     try:  # botocore's, backed by awscrt: only when that is installed
-        from botocore.httpchecksum import CrtCrc64NvmeChecksum  # type: ignore[attr-defined]
+        from botocore.httpchecksum import CrtCrc64NvmeChecksum
 
         CrtCrc64NvmeChecksum()
     except Exception:  # noqa: BLE001 - ImportError, or awscrt missing inside botocore
@@ -185,7 +194,7 @@ class S3Backend:
             kw["ContinuationToken"] = token
         try:
             r = self._s3.list_objects_v2(**kw)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:  # noqa: BLE001 - _error maps it
             raise self._error(exc, f"list {prefix!r}") from None
         objects = [ObjectMeta(o["Key"], o["Size"], _etag(o.get("ETag", "")),
                               o["LastModified"].timestamp()) for o in r.get("Contents", ())]
@@ -196,13 +205,13 @@ class S3Backend:
     def head(self, key: str) -> ObjectMeta:
         try:
             r = self._s3.head_object(Bucket=self.bucket, Key=key)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:  # noqa: BLE001 - _error maps it
             raise self._error(exc, f"head {key!r}") from None
         return ObjectMeta(key, r["ContentLength"], _etag(r["ETag"]), r["LastModified"].timestamp(),
                           r.get("Metadata") or {})
 
     def get(self, key: str, start: int, length: int, etag: str | None, *,
-            size: int | None = None) -> bytes:
+            size: int | None = None) -> bytes | bytearray:
         held: list[bytearray] = []
 
         def buffer(n: int) -> memoryview:
@@ -214,7 +223,7 @@ class S3Backend:
             return memoryview(held[0])
 
         n = self._fetch(key, start, length, etag, size, buffer)
-        return held[0] if held else bytearray(n)  # type: ignore[return-value]
+        return held[0] if held else bytearray(n)
 
     def get_into(self, key: str, start: int, buf: memoryview, etag: str | None, *,
                  size: int | None = None) -> int:
@@ -321,7 +330,7 @@ class S3Backend:
             encrypted=sse not in (None, "", "AES256") or bool(r.get("SSECustomerAlgorithm")),
             checksums=checksums, metadata=r.get("Metadata") or {})
 
-    def _read_resuming(self, key: str, start: int, etag: str, body, view: memoryview,  # noqa: ANN001
+    def _read_resuming(self, key: str, start: int, etag: str, body: _Body, view: memoryview,
                        deadline: float) -> None:
         """Read the body into view; where it breaks off, continue with a ranged GET of the
         rest, If-Match on `etag` so every byte is of the same version."""
@@ -354,7 +363,7 @@ class S3Backend:
                       at, cause, resumes, self.resume_attempts)
             body = self._resume(key, at, start + n - 1, etag)
 
-    def _resume(self, key: str, first: int, last: int, etag: str):  # noqa: ANN202
+    def _resume(self, key: str, first: int, last: int, etag: str) -> _Body:
         """The body of bytes [first, last] of version `etag`, or PreconditionFailed."""
         what = f"get {key!r} at {first}"
         r = self._get_object({"Bucket": self.bucket, "Key": key,
@@ -378,7 +387,7 @@ class S3Backend:
         try:
             r = self._s3.put_object(Bucket=self.bucket, Key=key, Body=data,
                                     Metadata=metadata or {})
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:  # noqa: BLE001 - _error maps it
             raise self._error(exc, f"put {key!r}") from None
         return ObjectMeta(key, len(data), _etag(r["ETag"]), time.time(), metadata or {})
 
@@ -390,7 +399,7 @@ class S3Backend:
                 r = self._s3.put_object(Bucket=self.bucket, Key=key, Body=data,
                                         Metadata=metadata or {}, IfNoneMatch="*")
                 break
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:  # noqa: BLE001 - _error maps it
                 # AWS answers 409 while another conditional write of the key is under way:
                 # try again, the other one has then won or failed
                 code = (exc.response.get("Error", {}).get("Code")
@@ -415,7 +424,7 @@ class S3Backend:
             kw["MetadataDirective"] = "REPLACE"
         try:
             r = self._s3.copy_object(**kw)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:  # noqa: BLE001 - _error maps it
             raise self._error(exc, f"copy {src!r} to {dst!r}") from None
         return _etag(r["CopyObjectResult"]["ETag"])
 
@@ -423,7 +432,7 @@ class S3Backend:
         try:
             r = self._s3.create_multipart_upload(Bucket=self.bucket, Key=key,
                                                  Metadata=metadata or {})
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:  # noqa: BLE001 - _error maps it
             raise self._error(exc, f"start upload of {key!r}") from None
         return r["UploadId"]
 
@@ -431,7 +440,7 @@ class S3Backend:
         try:
             r = self._s3.upload_part(Bucket=self.bucket, Key=key, UploadId=upload_id,
                                      PartNumber=part, Body=data)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:  # noqa: BLE001 - _error maps it
             raise self._error(exc, f"upload part {part} of {key!r}") from None
         return _etag(r["ETag"])
 
@@ -443,26 +452,27 @@ class S3Backend:
                 CopySource={"Bucket": self.bucket, "Key": src},
                 CopySourceIfMatch=f'"{src_etag}"',
                 CopySourceRange=f"bytes={start}-{start + length - 1}")
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:  # noqa: BLE001 - _error maps it
             raise self._error(exc, f"copy part {part} of {key!r} from {src!r}") from None
         return _etag(r["CopyPartResult"]["ETag"])
 
-    def mpu_complete(self, key: str, upload_id: str, parts: list[tuple[int, str]]) -> str:
+    def mpu_complete(self, key: str, upload_id: str,
+                     parts: builtins.list[tuple[int, str]]) -> str:
         try:
             r = self._s3.complete_multipart_upload(
                 Bucket=self.bucket, Key=key, UploadId=upload_id,
                 MultipartUpload={"Parts": [{"PartNumber": n, "ETag": f'"{e}"'} for n, e in parts]})
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:  # noqa: BLE001 - _error maps it
             raise self._error(exc, f"complete upload of {key!r}") from None
         # Ceph RGW answers with an empty ETag here. Not a HEAD instead: another writer's
         # version could answer it. The multipart ETag is md5(part md5s)-N; if a store
         # computes it otherwise, cached chunks simply miss, never serve wrong bytes.
         return _etag(r.get("ETag") or "") or multipart_etag([e for _, e in parts])
 
-    def mpu_list(self, key: str) -> list[MultipartUpload]:
+    def mpu_list(self, key: str) -> builtins.list[MultipartUpload]:
         try:
             r = self._s3.list_multipart_uploads(Bucket=self.bucket, Prefix=key)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:  # noqa: BLE001 - _error maps it
             raise self._error(exc, f"list uploads of {key!r}") from None
         return [MultipartUpload(u["UploadId"], u["Initiated"].timestamp())
                 for u in r.get("Uploads", ()) if u["Key"] == key]
@@ -470,7 +480,7 @@ class S3Backend:
     def mpu_abort(self, key: str, upload_id: str) -> None:
         try:
             self._s3.abort_multipart_upload(Bucket=self.bucket, Key=key, UploadId=upload_id)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:  # noqa: BLE001 - _error maps it
             err = self._error(exc, f"abort upload of {key!r}")
             if not isinstance(err, NotFound):
                 raise err from None
@@ -478,7 +488,7 @@ class S3Backend:
     def delete(self, key: str) -> None:
         try:
             self._s3.delete_object(Bucket=self.bucket, Key=key)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:  # noqa: BLE001 - _error maps it
             raise self._error(exc, f"delete {key!r}") from None
 
 
@@ -492,7 +502,7 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
-def _body_reader(body) -> tuple[Callable[[memoryview], int], Callable[[], None]]:  # noqa: ANN001
+def _body_reader(body: _Body) -> tuple[Callable[[memoryview], int], Callable[[], None]]:
     """(readinto, release) for a GET body: how to read it into a buffer, and what to call
     once it is read to its end (the connection goes back to the pool).
 
@@ -506,19 +516,20 @@ def _body_reader(body) -> tuple[Callable[[memoryview], int], Callable[[], None]]
     through its public readinto."""
     raw = getattr(body, "_raw_stream", None)
     fp = getattr(raw, "_fp", None)
-    if (isinstance(fp, http.client.HTTPResponse) and callable(getattr(raw, "release_conn", None))
+    release_conn = getattr(raw, "release_conn", None)
+    if (isinstance(fp, http.client.HTTPResponse) and callable(release_conn)
             and getattr(raw, "_fp_bytes_read", None) == 0
             and not getattr(raw, "decode_content", False)):
         def release() -> None:
             # read to Content-Length: http.client closed its side; the socket is reusable
             if fp.isclosed():
-                raw.release_conn()
+                release_conn()
 
         return fp.readinto, release
     return body.readinto, lambda: None
 
 
-def _close(body) -> None:  # noqa: ANN001 - StreamingBody
+def _close(body: _Body) -> None:
     """Drop a body's connection (it is not reusable once a read broke off)."""
     try:
         body.close()

@@ -135,7 +135,8 @@ def run_as(who: Identity, work: Callable[[Any], Any], arg: Any, deadline: float)
 
 
 def _read_until(fd: int, deadline: float, pid: int) -> bytes:
-    chunks, size = [], 0
+    chunks: list[bytes] = []
+    size = 0
     while True:
         left = deadline - time.monotonic()
         ready = select.select([fd], [], [], left)[0] if left > 0 else []
@@ -422,6 +423,7 @@ class _Resolver:
         except OSError:
             return False, [], (1, path)
         whole, items, skipped, first = True, [], 0, ""
+        below: list[str]
         for entry in entries:
             try:
                 if entry.is_dir(follow_symlinks=False):

@@ -1,4 +1,5 @@
-"""`tierfs status | warm | evict | unpin | usage | report`: clients of a running mount's control socket.
+"""`tierfs status | warm | evict | unpin | usage | report`: clients of a running mount's
+control socket.
 
 Paths name files, directories or glob patterns under a tierfs mount, as the user sees
 them; the mount is found in /proc/self/mountinfo (fstype fuse.tierfs, longest prefix)
@@ -129,7 +130,7 @@ def encode(op: str, fields: dict[str, object]) -> bytes:
     """A request line, checked by the same model the daemon uses: a bad field (a job id
     with a newline, a TTL beyond a year) is one usage error here, before any connection."""
     try:
-        return protocol.REQUESTS[op](**fields).encode()
+        return protocol.REQUESTS[op].model_validate(fields).encode()
     except ValidationError as exc:
         from ..config import usage_error
         raise usage_error(exc) from None
@@ -228,8 +229,9 @@ class ProgressBar:
             pct = 100.0 * done / total if total else 100.0
             width = 24
             bar = "#" * int(width * pct / 100)
-            line = (f"warm: [{bar:<{width}}] {pct:5.1f}% {format_size(done)} / {format_size(total)}  "
-                    f"{format_size(rate)}/s  ETA {_duration(eta) if eta is not None else '--'}")
+            line = (f"warm: [{bar:<{width}}] {pct:5.1f}% "
+                    f"{format_size(done)} / {format_size(total)}  {format_size(rate)}/s  "
+                    f"ETA {_duration(eta) if eta is not None else '--'}")
             if ev.get("error_count"):
                 line += f"  {ev['error_count']} errors"
         sys.stderr.write("\r\033[K" + line)
@@ -290,7 +292,8 @@ def _status(args: argparse.Namespace) -> int:
     for o in pin["owners"]:
         until = "" if o.get("expires") is None else " until " + _when(o["expires"])
         rows.append(("", f"{o['owner']}: {o['files']} files, {format_size(o['bytes'])}{until}"))
-    rows.append(("unsaved", f"{format_size(st['dirty_bytes'])}, {st['uploads_pending']} uploads pending"))
+    rows.append(("unsaved", f"{format_size(st['dirty_bytes'])}, "
+                            f"{st['uploads_pending']} uploads pending"))
     if "backend_up" in st:  # a daemon from before degraded mode does not say
         rows.append(("object store", "answering" if st["backend_up"] else
                      "NOT ANSWERING: degraded, serving what is cached (uncached reads EIO)"))
@@ -403,7 +406,8 @@ def _warm_summary(mount: TierfsMount, r: dict, check: bool) -> str:
         return f"{head}: {format_size(r['bytes_cached_before'])} cached ({pct:.1f}%){fits}"
     rate = r["bytes_fetched"] / r["seconds"] if r["seconds"] else 0.0
     text = (f"{head}: {format_size(r['bytes_cached_before'])} already cached, "
-            f"{format_size(r['bytes_fetched'])} fetched in {r['seconds']:.1f}s ({format_size(rate)}/s)")
+            f"{format_size(r['bytes_fetched'])} fetched in {r['seconds']:.1f}s "
+            f"({format_size(rate)}/s)")
     if r.get("pinned"):
         text += f"; pinned for {r['pinned']}"
     if r.get("unsaved_files"):
@@ -433,16 +437,17 @@ def _unpin(args: argparse.Namespace) -> int:
     if not args.paths and not args.job and not args.all:
         raise UsageError("give PATHs to unpin, --job ID or --all")
     status = 0
+    targets: list[tuple[TierfsMount, dict[str, object]]]
     if args.paths:
         groups, status = group_by_mount(args.paths)
         targets = [(m, {"paths": rels}) for m, rels in groups.items()]
     else:  # a job's pins, or all pins, on every tierfs mount of this node
-        fields = {"job": args.job} if args.job else {"all": True}
+        fields: dict[str, object] = {"job": args.job} if args.job else {"all": True}
         targets = [(m, fields) for m in tierfs_mounts()
                    if not args.mount or m.mountpoint in args.mount]
     for mount, fields in targets:
         try:
-            res = request(mount, "unpin", **fields)
+            res = request(mount, "unpin", on_event=None, **fields)
         except ControlError as exc:
             sys.stderr.write(f"tierfs: error: {exc}\n")
             status = 1
@@ -526,7 +531,7 @@ def _ask_each(targets: list[TierfsMount], op: str, fields: dict[str, object]
     """Each mount's answer to one request; a mount that fails is one error line and None."""
     for mount in targets:
         try:
-            res = request(mount, op, **fields)
+            res = request(mount, op, on_event=None, **fields)
         except ControlError as exc:
             sys.stderr.write(f"tierfs: error: {exc}\n")
             res = None

@@ -251,7 +251,7 @@ def _verify(path: str, rec: ChunkRecord,
         crcs = crcs_of(data, bs)
         if crcs[0] != rec.crcs[0] and n > 1:
             continue  # not this block size
-        bad = [b for b, (a, e) in enumerate(zip(crcs, rec.crcs)) if a != e]
+        bad = [b for b, (a, e) in enumerate(zip(crcs, rec.crcs, strict=True)) if a != e]
         return None if not bad else f"block {bad[0]} fails its CRC ({len(bad)} of {n} blocks)"
     return f"fails its CRC ({n} checksums fit no block size)"
 
@@ -329,7 +329,7 @@ def check_index(cache_dir: str, report: Report, problem: str | None) -> None:
                             p.repaired = True
         finally:
             env.close()
-    for name, path in sorted(files.items()):
+    for _name, path in sorted(files.items()):
         p = report.add("orphan", path, "chunk file the index does not know")
         if report.repair:
             os.unlink(path)

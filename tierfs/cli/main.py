@@ -23,6 +23,7 @@ import subprocess
 import sys
 import threading
 import time
+from types import TracebackType
 from typing import IO, NoReturn
 
 from ..cachedir import Layout, private_umask
@@ -49,11 +50,13 @@ _MOUNT_OPTIONS = [
     ("--cache-size", "cache_size", "disk cache budget, e.g. 500G (default 10G)"),
     ("--memory-cache-size", "memory_cache_size", "memory tier size (default 256M)"),
     ("--chunk-size", "chunk_size", "chunk size, a power of two (default 8M)"),
-    ("--metadata-ttl", "metadata_ttl", "how long listings and attributes are trusted (default 60s)"),
+    ("--metadata-ttl", "metadata_ttl",
+     "how long listings and attributes are trusted (default 60s)"),
     ("--revalidate-timeout", "revalidate_timeout",
      "past the TTL, serve a known entry if the store has not answered in this long (3s)"),
     ("--metrics-addr", "metrics_addr", "serve Prometheus metrics on HOST:PORT"),
-    ("--min-free-ratio", "min_free_ratio", "keep this fraction of the cache filesystem free (0.10)"),
+    ("--min-free-ratio", "min_free_ratio",
+     "keep this fraction of the cache filesystem free (0.10)"),
     ("--readahead-chunks", "readahead_chunks", "chunks read ahead of a sequential reader (8)"),
     ("--backend-concurrency", "backend_concurrency", "parallel requests to the backend (16)"),
     ("--dirty-wait", "dirty_wait", "wait this long for uploads before writes fail ENOSPC (60s)"),
@@ -81,7 +84,8 @@ _MOUNT_OPTIONS = [
     ("--peer-tls-key", "peer_tls_key", "TLS private key, mode 0600"),
     ("--peer-tls-ca", "peer_tls_ca", "CA that signs the peers' certificates"),
     ("--log-level", "log_level", "debug, info, warning or error (default info)"),
-    ("--log-file", "log_file", "log here (default: stderr; in the background CACHE_DIR/tierfs.log)"),
+    ("--log-file", "log_file",
+     "log here (default: stderr; in the background CACHE_DIR/tierfs.log)"),
 ]
 
 
@@ -216,27 +220,28 @@ def _report_fatal_errors(log_file: str | None) -> None:
     log = logging.getLogger("tierfs")
     try:
         if log_file:
-            _fatal_log = open(log_file, "a")  # noqa: SIM115 - held until the process exits
+            _fatal_log = open(log_file, "a")  # held until the process exits
             faulthandler.enable(file=_fatal_log, all_threads=True)
         else:
             faulthandler.enable(all_threads=True)
     except (OSError, RuntimeError, ValueError, AttributeError) as exc:  # e.g. no stderr at all
         log.warning("native crashes will not be logged (faulthandler: %s)", exc)
 
-    def uncaught(exc_type: type[BaseException], exc: BaseException, tb: object) -> None:
+    def uncaught(exc_type: type[BaseException], exc: BaseException,
+                 tb: TracebackType | None) -> None:
         if issubclass(exc_type, KeyboardInterrupt):
-            sys.__excepthook__(exc_type, exc, tb)  # type: ignore[arg-type]
+            sys.__excepthook__(exc_type, exc, tb)
             return
         log.critical("the daemon stopped: uncaught %s", exc_type.__name__,
-                     exc_info=(exc_type, exc, tb))  # type: ignore[arg-type]
+                     exc_info=(exc_type, exc, tb))
 
     def uncaught_in_thread(args: threading.ExceptHookArgs) -> None:
         if args.exc_type is SystemExit:
             return
         name = args.thread.name if args.thread is not None else "?"
+        exc = args.exc_value
         log.error("uncaught %s in thread %s", args.exc_type.__name__, name,
-                  exc_info=(args.exc_type, args.exc_value,  # type: ignore[arg-type]
-                            args.exc_traceback))
+                  exc_info=(args.exc_type, exc, args.exc_traceback) if exc is not None else None)
 
     sys.excepthook = uncaught
     threading.excepthook = uncaught_in_thread
@@ -408,7 +413,8 @@ def _unmount_target(args: argparse.Namespace) -> str:
 
 def _unmount(mountpoint: str, timeout: float, if_mounted: bool = False) -> None:
     mp = os.path.abspath(mountpoint)
-    if not is_mountpoint(mp):  # not os.path.ismount: it stats, and a dead daemon's mount hangs or fails
+    # not os.path.ismount: it stats, and a dead daemon's mount hangs or fails
+    if not is_mountpoint(mp):
         if if_mounted:  # after a clean stop the daemon has unmounted itself already
             return
         _fail(f"{mp} is not mounted")

@@ -117,9 +117,10 @@ def text(r: ReportResult) -> str:
         if not rows:
             lines.append("  (none)")
             continue
-        widths = [max(len(x) for x in col) for col in zip(head, *rows)]
+        widths = [max(len(x) for x in col) for col in zip(head, *rows, strict=True)]
         for row in [head, *rows]:
-            lines.append("  " + "  ".join(x.ljust(w) for x, w in zip(row, widths)).rstrip())
+            cells = (x.ljust(w) for x, w in zip(row, widths, strict=True))
+            lines.append("  " + "  ".join(cells).rstrip())
     return "\n".join(lines)
 
 
@@ -148,7 +149,8 @@ def plots(r: ReportResult) -> list[tuple[str, str]]:
     for label, ys in (("used", [p.used for p in r.usage_series]),
                       ("budget", [p.budget for p in r.usage_series]),
                       ("pinned", [p.pinned for p in r.usage_series])):
-        ax.plot(xs, [y / scale for y in ys], marker="o", label=label)
+        ax.plot(xs, [y / scale for y in ys],  # type: ignore[arg-type]  # dates: matplotlib units
+                marker="o", label=label)
     _time_axis(ax, xs)
     ax.set_ylim(bottom=0)
     ax.set_ylabel(unit)
@@ -159,7 +161,8 @@ def plots(r: ReportResult) -> list[tuple[str, str]]:
     ax = fig.add_subplot()
     pts = [p for p in r.ratio_series if p.hit_ratio is not None]
     xs = _when_x([p.t for p in pts])
-    ax.plot(xs, [100 * (p.hit_ratio or 0) for p in pts], marker="o")
+    ratios = [100 * (p.hit_ratio or 0) for p in pts]
+    ax.plot(xs, ratios, marker="o")  # type: ignore[arg-type]  # dates: matplotlib units
     _time_axis(ax, xs)
     ax.set_ylim(0, 105)
     ax.set_ylabel("hit ratio (% of bytes)")

@@ -13,8 +13,9 @@ SLURM_JOB_COMMENT there), else from SLURM_JOB_COMMENT, else asks `scontrol show 
 slurmd does not export it. The comment never goes to a child's environment (a long one
 would not fit: "Argument list too long"), and only its first MAX_COMMENT_BYTES are read
 for tokens: a longer comment that holds tierfs: tokens is one clear error, nothing warmed
-(a long list belongs in a manifest). Everything the comment names - manifests, paths, globs, symlinks and `..` on the way -
-is resolved in a child running as the job's uid and groups (tierfs.cli.asuser), which answers
+(a long list belongs in a manifest). Everything the comment names - manifests, paths, globs,
+symlinks and `..` on the way - is resolved in a child running as the job's uid and groups
+(tierfs.cli.asuser), which answers
 with the real paths that user can read; root then warms only those, and only on tierfs
 mounts that root (or the site's `daemon_user`) mounted, through `tierfs warm` in a
 subprocess (this module knows nothing of the control protocol). One deadline, the
@@ -546,7 +547,8 @@ def prolog(settings: Settings, job: Job, log: Log, comment: str | None = None) -
         declared = Declared(errors=(str(exc),))
     if not declared:
         return 0  # the job asked for nothing: nothing to log either
-    note, auto_problems = "", []
+    note = ""
+    auto_problems: list[str] = []
     if declared.auto:
         auto, auto_problems, note = _last_run_paths(settings, job, deadline)
         declared = dataclasses.replace(declared, paths=declared.paths + tuple(auto))
@@ -656,7 +658,9 @@ def job_usage(job_id: str, answers: list[tuple[str, str]]) -> JobUsage:
             for row in rows if isinstance(rows, list) else ():
                 if not isinstance(row, dict) or row.get("name") != f"job:{job_id}":
                     continue
-                got = row.get("read") if isinstance(row.get("read"), dict) else {}
+                got = row.get("read")
+                if not isinstance(got, dict):
+                    got = {}
                 for src in ("memory", "disk", "peer", "backend"):
                     read[src] = read.get(src, 0) + _number(got.get(src))
                 value = row.get("stall_s")
@@ -736,7 +740,7 @@ def _run(args: argparse.Namespace) -> int:
         if args.comment_stdin:  # bytes as Slurm has them; not UTF-8 is replaced, not fatal
             comment = sys.stdin.buffer.read().decode(errors="replace")
         return prolog(settings, job, log, comment)
-    except Exception as exc:  # a hook must not leave a traceback, nor drain a node by accident
+    except Exception as exc:  # noqa: BLE001 - no traceback, no node drained by accident
         log.line(f"user={job.user} FAILED ({'strict' if strict else 'best-effort'}), "
                  f"unexpected {type(exc).__name__}: {exc}")
         return 1 if strict else 0

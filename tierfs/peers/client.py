@@ -128,7 +128,7 @@ class PeerClient:
         self.metrics.peer_bytes.labels(direction="in").inc(length)
         got = wire.block_crcs(buf, block_size)
         if got != crcs:
-            bad = next(i for i, (a, b) in enumerate(zip(got, crcs)) if a != b)
+            bad = next(i for i, (a, b) in enumerate(zip(got, crcs, strict=True)) if a != b)
             raise PeerCorrupt(f"block {bad} of {req.bucket}/{req.key} chunk {req.index} "
                               f"fails its CRC32C")
         return ChunkReply(buf, crcs, block_size)

@@ -92,7 +92,7 @@ class ServerConnection:
                         from None
                 self._head_bytes += len(data)
                 try:
-                    self._h11.receive_data(data)
+                    self._h11.receive_data(bytes(data))  # SocketStream's: bytes, no copy
                 except h11.RemoteProtocolError:
                     raise PeerProtocolError("data after the connection closed") from None
                 continue
@@ -141,7 +141,10 @@ class ServerConnection:
                 piece = view[i:i + _SEND_PIECE]
                 if pace is not None:
                     await pace(len(piece))
-                for out in self._h11.send_with_data_passthrough(h11.Data(data=piece)):
+                # h11 passes a Data's bytes through untouched: a memoryview is no copy
+                sent = self._h11.send_with_data_passthrough(
+                    h11.Data(data=piece))  # type: ignore[arg-type]  # passed through as is
+                for out in sent or ():  # None only for ConnectionClosed
                     await self._send(out, piece_timeout_s)
             await self._send(self._h11.send(h11.EndOfMessage()), piece_timeout_s)
         except h11.LocalProtocolError as exc:  # a header value h11 refuses: our bug
@@ -281,7 +284,8 @@ class ClientConnection:
 
     async def _receive(self, max_bytes: int = _RECEIVE) -> bytes:
         try:
-            return await self.stream.receive_some(max_bytes)
+            # bytes() of SocketStream's bytes is the same object; a bytearray is copied
+            return bytes(await self.stream.receive_some(max_bytes))
         except _BROKEN as exc:
             raise PeerUnavailable(f"connection broken: {exc.__class__.__name__}") from None
 

@@ -48,6 +48,7 @@ import socket
 import stat
 import subprocess
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Callable
 
@@ -225,7 +226,7 @@ class _DnsSource:
 class _SlurmSource:
     every_s = SLURM_EVERY_S
 
-    def __init__(self, port: int, env: dict[str, str] | None = None) -> None:
+    def __init__(self, port: int, env: Mapping[str, str] | None = None) -> None:
         self.port = port
         env = os.environ if env is None else env
         nodelist = env.get("SLURM_JOB_NODELIST", "").strip()

@@ -147,7 +147,8 @@ class ChunkRequest:
     def target(self) -> str:
         values = (self.bucket, self.key, self.etag, str(self.size), str(self.index),
                   str(self.chunk_size))
-        return PATH + "?" + "&".join(f"{f}={quote(v, safe='')}" for f, v in zip(_FIELDS, values))
+        return PATH + "?" + "&".join(f"{f}={quote(v, safe='')}"
+                                     for f, v in zip(_FIELDS, values, strict=True))
 
     @classmethod
     def parse(cls, target: str) -> ChunkRequest:

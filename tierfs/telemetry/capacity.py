@@ -20,6 +20,7 @@ two samples is missed (an under-estimate for scans shorter than the interval).
 
 from __future__ import annotations
 
+import builtins
 import logging
 import time
 import zlib
@@ -226,7 +227,7 @@ class WorkingSet:
                 out[v.tenant] = out.get(v.tenant, 0) + (v.length << self.shift)
         return out
 
-    def objects(self) -> set[bytes]:
+    def objects(self) -> set[builtins.bytes]:
         return {k[:16] for k in self._seen}
 
     def __len__(self) -> int:
