@@ -81,7 +81,7 @@ def test_a_readers_chunk_with_no_reads_to_show_is_refused_then_remembered():
         rig.read(key("a", i))
     assert rig.fill(key("scan"), Fill.READ) is Outcome.REFUSED
     assert rig.evicted == [] and key("scan") not in rig.policy.chunks
-    assert rig.policy.reserved == 0 and not rig.policy._filling  # nothing left held
+    assert rig.policy.reserved == 0 and not rig.policy.being_written  # nothing left held
     assert rig.policy.admission.history.last(key("scan")) is not None  # its read remembered
 
 

@@ -1,13 +1,12 @@
 """The placement policy: what the disk tier keeps, and what leaves to make room.
 
-One object, `Placement`, holds everything eviction and admission decide on, in memory:
-the record of every cached chunk (length, heat, last access), the bytes used, reserved
-(chunks being written, staging copies moving in) and dirty (unsaved writes), the heat
-half-life (heat.py), the admission policy's memory (admission.py) and the tenants' counts
-(shares.py). The cache tells it events (a chunk read, stored or dropped, a job opened, a
-pin changed, unsaved bytes reserved or released) and asks it decisions. It does no I/O
-and never waits: the only outside fact it asks for is the disk budget (`budget(used)`,
-the free-space guard's statvfs in the daemon, a constant in bench/evict.py).
+One object, `Placement`, holds everything eviction and admission decide on, in memory
+(state.py: the chunk records, the bytes used, reserved and dirty, the heat clock, the
+admission policy's memory, the tenants' counts). The cache tells it events (a chunk read,
+stored or dropped, a job opened, a pin changed, unsaved bytes reserved or released) and
+asks it decisions. It does no I/O and never waits: the only outside fact it asks for is
+the disk budget (`budget(used)`, the free-space guard's statvfs in the daemon, a
+constant in bench/evict.py).
 
 A decision that evicts is a generator (`room_for_fill`, `room_for_dirty`, `idle`): it
 yields (chunk key, reason) for each chunk to evict, the caller deletes the chunk and
@@ -24,15 +23,14 @@ most once first (`_recycle`).
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
 from typing import Callable, Generator, TypeVar
 
 from ..index.chunks import ChunkRecord
 from ..tenants import TenantMap
 from . import order
 from .admission import Admission, Fill
-from .heat import HalfLife, touched
-from .shares import Pinned, Shares
+from .shares import Pinned
+from .state import TierState
 
 Eviction = tuple[bytes, "str | None"]  # a chunk to evict; why a refused chunk may take its room
 Plan = Generator[Eviction, None, "Outcome"]
@@ -46,18 +44,6 @@ class Outcome(enum.Enum):
     OVER_HARD = "over_hard"  # the tenant is at its hard share with nothing of its own to evict
 
 
-@dataclass
-class _Filling:
-    """A chunk being written to the disk tier (`fill_started` to `fill_ended`)."""
-
-    length: int
-    kind: Fill
-    tenant: str
-    lru_hit: bool  # plain LRU would have hit this reader's chunk (admission.py)
-    held: bool  # it moves into the room of a staging copy: no room to make
-    reserved: bool = False  # its bytes are counted in `reserved`
-
-
 def carry_out(plan: Generator[Eviction, None, T], drop: Callable[[bytes, str | None], None]) -> T:
     """Run a decision without I/O: `drop(key, why)` evicts each chunk it names."""
     try:
@@ -67,149 +53,32 @@ def carry_out(plan: Generator[Eviction, None, T], drop: Callable[[bytes, str | N
         return done.value
 
 
-class Placement:
-    """The policy (module doc). `budget(used)`: the bytes the disk tier may hold given
-    `used`; high and low: its watermarks; `half_life`: the configured heat half-life."""
+class Placement(TierState):
+    """The policy (module doc) over the state it keeps (state.py). `budget(used)`: the bytes
+    the disk tier may hold given `used`; high and low: its watermarks; `half_life`: the
+    configured heat half-life."""
 
     def __init__(self, admission: Admission, *, budget: Callable[[int], int], high: float,
                  low: float, half_life: float, tenants: TenantMap | None = None,
                  pinned: Pinned = frozenset()) -> None:
-        self.admission = admission
+        super().__init__(admission, half_life=half_life, tenants=tenants, pinned=pinned)
         self.budget = budget
         self.high, self.low = high, low
-        self.half_life = HalfLife(half_life, admission.chunks)
-        self.shares = Shares(tenants if tenants is not None else TenantMap(), pinned)
-        self.chunks: dict[bytes, ChunkRecord] = {}
-        self.used = 0
-        self.reserved = 0
-        self.dirty = 0
-        self._filling: dict[bytes, _Filling] = {}
-        # written chunks read at most once (heat below 1), oldest stored first: the room
-        # writes take first (`_recycle`, docs/architecture.md decision 3e)
-        self.written: dict[bytes, None] = {}
-        self.last_read = 0.0  # clock of the last reader's access (a touch or a reader's fill)
         # The coldest chunk the last sort found, per scope (None: the whole cache; a
         # tenant's name: its own chunks at its hard share), with the state's version then
         # and its last read. A reader's chunk refused against it is compared with it again,
         # not after a new sort (a refusal changes nothing). A chunk added, removed or
         # pinned, a change of the bytes reserved or dirty, or a read of that chunk make it
         # stale; reads of other chunks only make them hotter.
-        self._version = 0
         self._coldest: dict[str | None, tuple[int, bytes, float]] = {}
 
-    @property
-    def pinned(self) -> Pinned:
-        return self.shares.pinned
-
-    @pinned.setter
-    def pinned(self, pinned: Pinned) -> None:
-        self.shares.pinned = pinned
-
-    @property
-    def total(self) -> int:
-        """Bytes counted against the budget: cached, reserved and dirty."""
-        return self.used + self.reserved + self.dirty
-
-    # ---- events --------------------------------------------------------------------
-
-    def add(self, ckey: bytes, rec: ChunkRecord, tenant: str) -> None:
-        """A chunk is in the disk tier (stored, recovered at start-up, or linked)."""
-        self._version += 1
-        self.chunks[ckey] = rec
-        if rec.heat < 1.0:
-            self.written[ckey] = None
-        self.used += rec.length
-        self.shares.added(ckey, rec.length, tenant)
-
-    def dropped(self, ckey: bytes, *, evicted: bool = False) -> ChunkRecord | None:
-        """A chunk left the disk tier (evicted: by this policy's decision); its record."""
-        self._version += 1
-        rec = self.chunks.pop(ckey, None)
-        if rec is None:
-            return None
-        self.written.pop(ckey, None)
-        self.admission.dropped(ckey)
-        if evicted:
-            self.admission.evicted(ckey, rec)
-        self.used -= rec.length
-        self.shares.removed(ckey, rec.length)
-        return rec
-
-    def touch(self, ckey: bytes, now: float) -> ChunkRecord | None:
-        """A reader's access to a chunk (once per handle per chunk): its record if cached,
-        its heat and last access updated."""
-        rec = self.chunks.get(ckey)
-        if rec is not None:
-            self.admission.read(ckey, rec)
-            rec.heat = touched(rec.heat, rec.last_access, now, self.half_life.value)
-            rec.last_access = now
-            if rec.heat >= 1.0:
-                self.written.pop(ckey, None)
-        self.last_read = now
-        self._accessed(now)
-        return rec
-
-    def _accessed(self, now: float) -> None:
-        """Count a chunk access (a touch or a fill) on the heat clock (heat.HalfLife)."""
-        self.admission.accessed()
-        if self.half_life.accessed(now):
-            self.admission.set_half_life(self.half_life.value)
-            self._version += 1  # the order of the chunks changed
-
-    def opened_by(self, reader: str) -> None:
-        """A file was opened by `reader` (admission.py, `job_opened`)."""
-        self.admission.job_opened(reader)
-
-    def pin_changed(self, oid: bytes, pinned: bool) -> None:
-        self._version += 1
-        self.shares.pin_changed(oid, pinned)
-
-    def add_dirty(self, tenant: str, n: int) -> None:
-        """n bytes of unsaved writes of `tenant`: budgeted, never evicted."""
-        self._version += 1
-        self.dirty += n
-        self.shares.dirty(tenant, n)
-
-    def release_dirty(self, tenant: str, n: int) -> None:
-        """n dirty bytes uploaded or dropped (`tenant`'s first: shares.release_dirty)."""
-        self._version += 1
-        self.dirty -= n
-        self.shares.release_dirty(tenant, n)
-
-    def hold(self, tenant: str, n: int) -> None:
-        """n dirty bytes are uploaded but their staging copy stays until its chunks move
-        into the disk tier: reserved now, no longer dirty."""
-        self.release_dirty(tenant, n)
-        self._reserve(tenant, n)
-
-    def release_held(self, tenant: str, n: int) -> None:
-        """n held bytes (`hold`) whose staging copy is gone."""
-        self._version += 1
-        self._reserve(tenant, -n)
-
     # ---- fills ---------------------------------------------------------------------
-
-    def fill_started(self, ckey: bytes, length: int, kind: Fill, tenant: str, now: float,
-                     *, held: bool = False) -> bool:
-        """A chunk may be written to the disk tier: False if it is cached or being written
-        already; else counted as an access and protected until `fill_ended`. `held`: it
-        moves into the room of a staging copy released just before (`release_held`), so
-        `room_for_fill` evicts nothing for it."""
-        if ckey in self.chunks or ckey in self._filling:
-            return False
-        lru_hit = False
-        if kind is Fill.READ:
-            self.last_read = now
-            lru_hit = self.admission.missed(ckey, length)
-        self._accessed(now)
-        self._filling[ckey] = _Filling(length, kind, tenant, lru_hit, held)
-        return True
 
     def room_for_fill(self, ckey: bytes, now: float) -> Plan:
         """Room for a chunk `fill_started`: its tenant's own chunks first when at its hard
         share, then the budget's eviction; a reader's chunk that would push out a chunk
         with more reads is refused (admission.py). STORED reserves its bytes."""
-        f = self._filling[ckey]
+        f = self.being_written[ckey]
         if not f.held:
             reader = ckey if f.kind is Fill.READ else None  # the chunk admission decides on
             outcome = yield from self._own_room(f.tenant, f.length, reader, now)
@@ -224,25 +93,6 @@ class Placement:
         self._reserve(f.tenant, f.length)
         f.reserved = True
         return Outcome.STORED
-
-    def stored(self, ckey: bytes, crcs: tuple[int, ...], now: float) -> ChunkRecord:
-        """The chunk's file is written: indexed at its entry heat (admission.entry_heat)."""
-        f = self._filling[ckey]
-        heat = self.admission.entry_heat(ckey, f.kind, now, f.length)
-        rec = ChunkRecord(f.length, heat, now, crcs)
-        self.add(ckey, rec, f.tenant)
-        return rec
-
-    def fill_ended(self, ckey: bytes) -> None:
-        """The fill is over (stored or not): its reservation, if it had one, ends."""
-        f = self._filling.pop(ckey)
-        if f.reserved:
-            self._version += 1
-            self._reserve(f.tenant, -f.length)
-
-    def _reserve(self, tenant: str, n: int) -> None:
-        self.reserved += n
-        self.shares.tally[tenant].reserved += n
 
     def _make_room(self, incoming: int, reader: bytes | None, tenant: str, lru_hit: bool,
                    now: float) -> Plan:
@@ -266,7 +116,7 @@ class Placement:
         cost as much per file (decision 3c). Else it is refused: its read remembered, and
         a budget the free-space guard shrank is kept."""
         given = self.admission.replaceable(
-            ckey, lambda k: (k not in self._filling and k[:16] not in self.pinned
+            ckey, lambda k: (k not in self.being_written and k[:16] not in self.pinned
                              and self.chunks[k].length >= incoming), lru_hit)
         if given is not None:
             yield given
@@ -384,7 +234,7 @@ class Placement:
     def _idle(self, ckey: bytes, rec: ChunkRecord, now: float) -> bool:
         limit = self.shares.idle_limit(ckey)
         return (limit is not None and now - rec.last_access >= limit
-                and ckey[:16] not in self.pinned and ckey not in self._filling)
+                and ckey[:16] not in self.pinned and ckey not in self.being_written)
 
     # ---- eviction order ------------------------------------------------------------
 
@@ -395,7 +245,7 @@ class Placement:
     def coldest(self, only: Callable[[bytes], bool] | None = None) -> list[bytes]:
         """The evictable chunks (of those `only` accepts), coldest first: not being
         written, not of a pinned object."""
-        pinned, filling = self.pinned, self._filling
+        pinned, filling = self.pinned, self.being_written
         return order.coldest(self.chunks, self.half_life.value, lambda k: (
             k not in filling and k[:16] not in pinned and (only is None or only(k))))
 
