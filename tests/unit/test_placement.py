@@ -185,3 +185,13 @@ def test_unsaved_bytes_held_then_released_leave_the_counts_as_they_were():
     rig.policy.release_held(DEFAULT, 2 * CHUNK)
     assert (rig.policy.used, rig.policy.reserved, rig.policy.dirty) == (CHUNK, 0, 0)
     assert rig.policy.shares.tally[DEFAULT].share_used == CHUNK
+
+
+def test_the_half_life_follows_a_slow_node_and_admission_follows_it():
+    rig = Rig()
+    for i in range(N):  # a cache-full of fills, 1000 s apart: PER_CACHE x that is longer
+        rig.now += 999.0
+        rig.fill(key("slow", i))
+    p = rig.policy
+    assert p.half_life.value > 1800.0
+    assert p.admission.half_life == p.admission.history.half_life == p.half_life.value
