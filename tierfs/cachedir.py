@@ -5,11 +5,11 @@ tierfs.log, the lock - is bucket data or tells about it, and the mount's own per
 checks (no allow_other, default_permissions) mean nothing if another local user can read
 it here. So: the directory is 0700 and every file 0600. New files get that from the
 process umask (`private_umask`, set by `prepare_cache_dir` before anything is created,
-and `UMask=0077` in the systemd units) instead of a mode argument at each of the places that create files;
-at every mount `prepare_cache_dir` makes the directory private again and, when it was not
-(a cache made by an older tierfs, or chmod'ed by hand), tightens everything below it with
-one WARNING. A cache dir that another non-root user owns is refused: that user could
-read, replace or plant anything in it.
+and `UMask=0077` in the systemd units) instead of a mode argument at each of the places
+that create files; at every mount `prepare_cache_dir` makes the directory private again
+and, when it was not (a cache made by an older tierfs, or chmod'ed by hand), tightens
+everything below it with one WARNING. A cache dir that another non-root user owns is
+refused: that user could read, replace or plant anything in it.
 
 `Layout` is the one place that spells the names inside a cache dir: the daemon, fsck and
 gc all find things through it.

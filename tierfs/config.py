@@ -681,6 +681,12 @@ class MountConfig(BaseModel):
         self._check_tenants()
         return self
 
+    @property
+    def head_max_size(self) -> int:
+        """meta_head_max_size, never None once validated (_consistent sets the default)."""
+        assert self.meta_head_max_size is not None
+        return self.meta_head_max_size
+
     def _check_tenants(self) -> None:
         for tenant in self.tenants:
             try:

@@ -35,9 +35,9 @@ class Metrics:
                                     "Chunk lookups that no cache tier could answer", registry=r)
         self.cache_bytes = Gauge("tierfs_cache_bytes", "Bytes held by each cache tier", ["tier"],
                                  registry=r)
-        self.cache_budget_bytes = Gauge("tierfs_cache_budget_bytes",
-                                        "Effective disk-tier budget (cache-size or free-space guard)",
-                                        registry=r)
+        self.cache_budget_bytes = Gauge(
+            "tierfs_cache_budget_bytes",
+            "Effective disk-tier budget (cache-size or free-space guard)", registry=r)
         self.cache_evictions = Counter("tierfs_cache_evictions",
                                        "Chunks evicted from the disk tier", registry=r)
         self.cache_refused = Counter("tierfs_cache_refused_chunks",
@@ -65,16 +65,16 @@ class Metrics:
                                             "Reads that waited on a fetch past the stall "
                                             "threshold: the wait", ["tenant"],
                                             buckets=_STALL_BUCKETS, registry=r)
-        self.backend_requests = Counter("tierfs_backend_requests", "Requests sent to the object store",
-                                        ["op"], registry=r)
+        self.backend_requests = Counter("tierfs_backend_requests",
+                                        "Requests sent to the object store", ["op"], registry=r)
         self.backend_seconds = Histogram("tierfs_backend_request_seconds",
                                          "Object store request latency", ["op"],
                                          buckets=_LATENCY_BUCKETS, registry=r)
         self.backend_errors = Counter("tierfs_backend_errors",
                                       "Object store requests that failed after retries", ["op"],
                                       registry=r)
-        self.backend_bytes = Counter("tierfs_backend_bytes", "Bytes downloaded from the object store",
-                                     registry=r)
+        self.backend_bytes = Counter("tierfs_backend_bytes",
+                                     "Bytes downloaded from the object store", registry=r)
         self.fuse_requests = Counter("tierfs_fuse_requests", "FUSE requests answered", ["op"],
                                      registry=r)
         self.fuse_seconds = Histogram("tierfs_fuse_request_seconds", "FUSE request latency", ["op"],

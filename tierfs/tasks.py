@@ -47,9 +47,8 @@ def expected_error(exc: BaseException) -> TierfsError | None:
     """The TierfsError that `exc` is, or that every leaf of the group `exc` is (the first
     one answers for them all); None when anything in it is not a TierfsError: a bug."""
     found = leaves(exc)
-    if all(isinstance(e, TierfsError) for e in found):
-        return found[0]  # type: ignore[return-value]
-    return None
+    errors = [e for e in found if isinstance(e, TierfsError)]
+    return errors[0] if len(errors) == len(found) else None
 
 
 def is_cancellation(exc: BaseException) -> bool:
@@ -75,7 +74,7 @@ class Tasks:
     async def _once(self, name: str, fn: Callable[..., Awaitable[Any]], args: tuple) -> None:
         try:
             await fn(*args)
-        except BaseException as exc:  # noqa: BLE001 - the point of this module
+        except BaseException as exc:  # the point of this module
             if is_cancellation(exc):
                 raise
             self.report(name, exc)
@@ -93,7 +92,7 @@ class Tasks:
                 await fn(*args)
                 log.error("task %s returned; starting it again", name)
                 self.metrics.internal_errors.labels(name).inc()
-            except BaseException as exc:  # noqa: BLE001
+            except BaseException as exc:  # reported; the task starts again
                 if is_cancellation(exc):
                     raise
                 self.report(name, exc)

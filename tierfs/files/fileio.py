@@ -35,22 +35,33 @@ from typing import AsyncIterator, Callable, Iterable
 
 import trio
 
-from ..index.attrs import MAX_FILE_SIZE, Attrs, without_privs
+from ..backend.base import ObjectMeta
 from ..cache import ChunkCache, ObjectVersion
-from ..telemetry.callers import Callers
-from ..errors import (BackendError, CrossDevice, Exists, FileTooBig, InvalidArgument,
-    IsADirectory, NotADirectory, NotFound, PreconditionFailed, StaleObject)
 from ..cache.tier import Want
-from ..read.walk import TierWalk
+from ..errors import (
+    BackendError,
+    CrossDevice,
+    Exists,
+    FileTooBig,
+    InvalidArgument,
+    IsADirectory,
+    NotADirectory,
+    NotFound,
+    PreconditionFailed,
+    StaleObject,
+)
+from ..index.attrs import MAX_FILE_SIZE, Attrs, without_privs
 from ..index.inodes import Inode
 from ..metrics import Metrics
+from ..read.prefetch import Prefetcher, ReadPattern
+from ..read.walk import TierWalk
+from ..telemetry.callers import Callers
+from ..telemetry.stalls import StallLog
+from ..telemetry.usage import SOURCES, Usage
+from ..tenants import DEFAULT
+from ..writeback import DirtyFile, WriteBack
 from .namespace import Caller, Namespace
 from .pagecache import UNSAVED, PageCache
-from ..read.prefetch import Prefetcher, ReadPattern
-from ..telemetry.stalls import StallLog
-from ..tenants import DEFAULT
-from ..telemetry.usage import SOURCES, Usage
-from ..writeback import DirtyFile, WriteBack
 
 RENAME_NOREPLACE, RENAME_EXCHANGE = 1, 2
 _RANK = {"memory": 0, "disk": 1, "peer": 2, "backend": 3}  # nearest to furthest source
@@ -128,7 +139,7 @@ class FileIO:
             h.dirty = self._open_dirty(node, truncate=bool(flags & os.O_TRUNC))
             if flags & os.O_TRUNC:
                 try:
-                    await self.wb.truncate(h.dirty, 0)  # type: ignore[union-attr]
+                    await self._wb.truncate(h.dirty, 0)
                 except BaseException:
                     await self._release_dirty(h.dirty)  # no handle: no release will come
                     raise
@@ -195,9 +206,15 @@ class FileIO:
         if h.dirty is not None and self.wb is not None:
             await self._release_dirty(h.dirty)
 
+    @property
+    def _wb(self) -> WriteBack:
+        """The write-back, where a DirtyFile is: a read-only mount has neither."""
+        assert self.wb is not None
+        return self.wb
+
     async def _release_dirty(self, d: DirtyFile) -> None:
         await self._save_times(d)
-        if await self.wb.release(d):  # type: ignore[union-attr]
+        if await self._wb.release(d):
             # a failed write's changes were dropped: what the kernel cached of them (pages,
             # size) must not outlive them; the next open asks again
             self.pages.forget(d.ino)
@@ -208,9 +225,9 @@ class FileIO:
         d = self.wb.get(ino) if self.wb is not None else None
         if d is not None:
             h.read_unsaved = True
-            data = await self.wb.read(d, offset, size)  # type: ignore[union-attr]
+            unsaved = await self._wb.read(d, offset, size)
             self.pages.served(ino, fh, UNSAVED)
-            return data
+            return unsaved
         if h.read_unsaved or self.pages.newest(ino) == UNSAVED:
             self._uploaded(ino)
         newest = self.pages.newest(ino)
@@ -318,7 +335,9 @@ class FileIO:
                 h.delivered[index] = max(done, hi)
             access = index not in h.touched
             h.touched.add(index)
-            for src, n in ((brought, new), (source, hi - lo - new)):
+            # (new is 0 unless a fetch for this handle brought the chunk)
+            fetched = [(brought, new)] if brought is not None else []
+            for src, n in (*fetched, (source, hi - lo - new)):
                 if n:
                     # access analytics per prefix and job (tierfs/telemetry/analytics.py): dict
                     # updates only
@@ -353,7 +372,7 @@ class FileIO:
         if offset + len(data) > MAX_FILE_SIZE:
             raise FileTooBig(f"{h.node.key!r} would pass 5 TiB, S3's largest object")
         h.wrote = True
-        n = await self.wb.write(h.dirty, offset, data)  # type: ignore[union-attr]
+        n = await self._wb.write(h.dirty, offset, data)
         self.pages.written(h.node.ino)
         self.pages.written(h.node.ino)
         mode = h.node.attrs.mode  # kept current by _set: no index read per write
@@ -392,7 +411,7 @@ class FileIO:
         d = self.wb.get(h.node.ino) if h is not None and self.wb is not None else None
         if d is not None:
             await self._save_times(d)
-            await self.wb.commit(d)  # type: ignore[union-attr]
+            await self._wb.commit(d)
 
     def size_of(self, node: Inode) -> int:
         """The size the kernel is told. The kernel keeps one size per inode and stops a
@@ -450,7 +469,7 @@ class FileIO:
         other node has its object changed (Namespace.set_attrs)."""
         d = self.wb.get(node.ino) if self.wb is not None else None
         if d is not None:
-            await self.wb.set_metadata(d, attrs.to_metadata(node.kind))  # type: ignore[union-attr]
+            await self._wb.set_metadata(d, attrs.to_metadata(node.kind))
             node = self.ns.inode(node.ino)  # an upload may have finished meanwhile
         await self.ns.set_attrs(node, attrs)
         for h in self._handles.values():
@@ -461,17 +480,17 @@ class FileIO:
         h = self._handles.get(fh) if fh is not None else None
         if h is not None and h.dirty is not None:
             h.wrote = True
-            await self.wb.truncate(h.dirty, size)  # type: ignore[union-attr]
+            await self._wb.truncate(h.dirty, size)
             self.pages.written(node.ino)
             return
         # truncate(path): no close will follow, so the change is saved right here
         node = await self.ns.revalidate(node)
         d = self._open_dirty(node, truncate=size == 0)
         try:
-            await self.wb.truncate(d, size)  # type: ignore[union-attr]
+            await self._wb.truncate(d, size)
             self.pages.written(node.ino)
             await self._save_times(d)
-            await self.wb.flush(d)  # type: ignore[union-attr]
+            await self._wb.flush(d)
         finally:
             await self._release_dirty(d)
 
@@ -497,10 +516,10 @@ class FileIO:
                     if d is not None:
                         held[node.ino] = (d, copied)
         async with AsyncExitStack() as stack:
-            for ino in sorted(held):
+            for ino in sorted(held):  # none without a write-back
                 d, copied = held[ino]
                 await stack.enter_async_context(
-                    wb.committed(d) if copied else wb.superseding(d))  # type: ignore[union-attr]
+                    self._wb.committed(d) if copied else self._wb.superseding(d))
             yield
 
     async def rename(self, parent: int, name: bytes, new_parent: int, new_name: bytes,
@@ -573,7 +592,7 @@ class FileIO:
         limiter = trio.CapacityLimiter(8)
         moved: dict[str, ObjectVersion] = {}
 
-        async def move(obj) -> None:  # noqa: ANN001 - ObjectMeta
+        async def move(obj: ObjectMeta) -> None:
             async with limiter:
                 key = new_prefix + obj.key[len(old_prefix):]
                 etag = await self.ns.backend.copy(obj.key, key, obj.etag)

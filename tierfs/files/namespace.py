@@ -453,8 +453,8 @@ class Namespace:
         if isinstance(obj, ObjectMeta):
             kind, attrs = (await self._read_metadata(d.ino, {sname: obj})).get(sname, (FILE, None))
             now = self._clock()
-            return self.meta.inodes.upsert(d.ino, name, kind, obj.size, obj.mtime, obj.etag, key, now,
-                                    attrs)
+            return self.meta.inodes.upsert(d.ino, name, kind, obj.size, obj.mtime, obj.etag,
+                                           key, now, attrs)
         self.meta.inodes.remove(d.ino, name)
         self._negative[(d.ino, name)] = True
         raise NotFound(key)
@@ -566,8 +566,8 @@ class Namespace:
             found = exc.found
             if found is not None:
                 kind, seen = from_metadata(found.metadata or {}, found.etag)
-                self.meta.inodes.upsert(d.ino, name, kind or FILE, found.size, found.mtime, found.etag,
-                                 key, self._clock(), seen)
+                self.meta.inodes.upsert(d.ino, name, kind or FILE, found.size, found.mtime,
+                                        found.etag, key, self._clock(), seen)
             raise
         if meta is None:
             return self._created(d, name, FILE, 0, "", key, attrs)

@@ -6,7 +6,7 @@ Owns nothing itself: usage.py, analytics.py and pins.py each give it their datab
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from .env import IndexEnv
 
@@ -16,7 +16,7 @@ class JsonTable:
         self.env = env
         self._db = env.db(name)
 
-    def put(self, puts: dict[str, object], deletes: Iterable[str] = ()) -> None:
+    def put(self, puts: Mapping[str, object], deletes: Iterable[str] = ()) -> None:
         """Store records and delete others, in one transaction."""
         with self.env.begin(write=True, db=self._db) as txn:
             for key in deletes:

@@ -77,7 +77,8 @@ class ControlServer:
         self._uploads_pending = uploads_pending
         self.warm_concurrency = warm_concurrency
         self.peers = peers
-        self.usage = usage  # bytes read and stalls per tenant and reader (tierfs/telemetry/usage.py)
+        # bytes read and stalls per tenant and reader (tierfs/telemetry/usage.py)
+        self.usage = usage
         self.capacity = capacity  # the sampled history behind `usage --forecast`
         self.stalls = stalls  # the slowest recent stalled reads (tierfs/telemetry/stalls.py)
         self._started = time.time()
@@ -184,7 +185,8 @@ class ControlServer:
                               "lookups": _ratio(lookups - misses, lookups)},
                 "pinned": {"files": len(pinned), "bytes": c.bytes_of(pinned), "owners": owners},
                 "dirty_bytes": c.dirty_bytes, "uploads_pending": self._uploads_pending(),
-                # degraded mode (tierfs/backend/health.py): False while the object store does not answer
+                # degraded mode (tierfs/backend/health.py): False while the object store does
+                # not answer
                 "backend_up": m.value("tierfs_backend_up") == 1,
                 # every op the backends count, not a fixed few: a multipart upload is
                 # mpu_create + upload_part + mpu_complete, never a put

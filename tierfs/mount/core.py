@@ -33,35 +33,35 @@ from typing import Any, AsyncIterator, Awaitable, Callable
 
 import trio
 
-from ..telemetry.analytics import Analytics
 from ..backend.base import Backend
+from ..backend.health import BackendHealth
 from ..backend.runner import AsyncBackend
 from ..cache import Admission, ChunkCache, ObjectVersion
 from ..cache.disk import DiskTier
 from ..cache.evictor import Evictor
 from ..cache.memory import MemoryTier
-from ..telemetry.callers import Callers
-from ..telemetry.capacity import CapacityHistory
+from ..cache.tier import Bytes, Want
 from ..cachedir import Layout
 from ..config import MountConfig, read_peer_secret
 from ..errors import StartupError
 from ..files.exclusive import ConditionalWrites
-from ..cache.tier import Bytes, Want
-from ..read.walk import TierWalk
 from ..files.fileio import FileIO
-from ..backend.health import BackendHealth
+from ..files.namespace import Namespace
 from ..index.meta import MetaStore
 from ..metrics import Metrics
-from ..files.namespace import Namespace
 from ..peers import Membership, Peer, PeerClient, PeerServer, PeerTier
 from ..peers.wire import MAX_CHUNK
-from .peerserve import PeerServe
 from ..read.prefetch import Prefetcher
-from ..telemetry.stalls import StallLog
+from ..read.walk import TierWalk
 from ..tasks import Tasks, sole_exception
+from ..telemetry.analytics import Analytics
+from ..telemetry.callers import Callers
+from ..telemetry.capacity import CapacityHistory
+from ..telemetry.stalls import StallLog
 from ..telemetry.usage import Usage
-from .warm import Warmer
 from ..writeback import WriteBack
+from .peerserve import PeerServe
+from .warm import Warmer
 
 log = logging.getLogger(__name__)
 
@@ -212,10 +212,10 @@ def _wire(cfg: MountConfig, metrics: Metrics, backend: AsyncBackend, meta: MetaS
                           clock=clock)
     ns = Namespace(meta, backend, metrics, root_prefix=cfg.source.prefix, analytics=analytics,
                    ttl_s=cfg.metadata_ttl, clock=clock, has_local_writes=wb.is_dirty,
-                   tasks=tasks, head_max_size=cfg.meta_head_max_size,
+                   tasks=tasks, head_max_size=cfg.head_max_size,
                    revalidate_timeout_s=cfg.revalidate_timeout,
                    # a shared mount's directories show their real modes from the start
-                   head_dirs=cfg.allow_other and cfg.meta_head_max_size >= 0)
+                   head_dirs=cfg.allow_other and cfg.head_max_size >= 0)
     if not cfg.read_only:  # O_CREAT|O_EXCL claims its key in the store (tierfs/files/exclusive.py)
         ns.exclusive = ConditionalWrites(backend, cfg.source.prefix)
     # who reads what (docs/tenants.md, "Readers"), and the reads that stalled

@@ -30,6 +30,7 @@ from ..index.probe import start_probe, stop_probes
 from ..metrics import Metrics
 from ..runpaths import control_socket
 from ..tasks import Tasks
+from ..writeback.files import WriteBack
 from . import sdnotify
 from .control import ControlServer, prepare_socket_dir
 from .core import async_backend, build_core
@@ -188,7 +189,7 @@ async def _serve_locked(cfg: MountConfig, cache_dir: str, on_ready: Callable[[],
              trio.current_time() - stopping)
 
 
-async def _drain(wb, timeout_s: float) -> None:
+async def _drain(wb: WriteBack, timeout_s: float) -> None:
     """The unmount's wait for pending uploads, said in the log: how many it waits for
     (none: no wait at all), how long it took, what is left."""
     pending = wb.pending()
@@ -245,14 +246,14 @@ async def _serve_control(control: ControlServer, tasks: Tasks,
     opened = False
 
     class _Opened:
-        def started(self, value: object = None) -> None:
+        def started(self, value: None = None) -> None:
             nonlocal opened
             opened = True
             task_status.started(value)
 
     try:
-        await control.serve(_Opened())  # type: ignore[arg-type]
-    except Exception as exc:  # noqa: BLE001 - after start, the supervisor's business
+        await control.serve(_Opened())
+    except Exception as exc:  # after start, the supervisor's business
         if not opened:
             raise
         tasks.report("control", exc)

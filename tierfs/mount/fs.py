@@ -49,7 +49,7 @@ def _op(name: str) -> Callable:
             except pyfuse3.FUSEError as exc:
                 m.fuse_errors.labels(name, errno.errorcode.get(exc.errno, str(exc.errno))).inc()
                 raise
-            except Exception as exc:  # TierfsError, a group of them, or a bug
+            except Exception as exc:  # noqa: BLE001 - TierfsError, a group of them, or a bug
                 err = expected_error(exc)
                 code = err.errno if err is not None else errno.EIO
                 m.fuse_errors.labels(name, errno.errorcode.get(code, "EIO")).inc()
@@ -154,7 +154,8 @@ class FuseOps(pyfuse3.Operations):
             raise ReadOnly("mounted --read-only")
 
     @_op("lookup")
-    async def lookup(self, parent_inode: int, name: bytes, ctx: Any = None) -> pyfuse3.EntryAttributes:
+    async def lookup(self, parent_inode: int, name: bytes,
+                     ctx: Any = None) -> pyfuse3.EntryAttributes:
         return self._attrs(await self.ns.lookup(parent_inode, name))
 
     @_op("getattr")
@@ -202,7 +203,7 @@ class FuseOps(pyfuse3.Operations):
         return pyfuse3.FileInfo(fh=h.fh, keep_cache=keep, direct_io=h.direct)
 
     @_op("read")
-    async def read(self, fh: int, off: int, size: int) -> bytes:
+    async def read(self, fh: int, off: int, size: int) -> bytes | memoryview:
         return await self.io.read(fh, off, size)
 
     @_op("release")

@@ -58,7 +58,7 @@ def answers(path: str, timeout_s: float = 2.0) -> bool | None:
     not answer within timeout_s (hung, or busy). statvfs() always reaches the daemon,
     unlike a stat() the kernel may answer from its attribute cache. The probe runs in a
     daemon thread: a hung FUSE call cannot be interrupted, so it is left behind."""
-    out: dict[str, object] = {}
+    out: dict[str, bool] = {}
 
     def probe() -> None:
         try:
@@ -70,4 +70,4 @@ def answers(path: str, timeout_s: float = 2.0) -> bool | None:
     t = threading.Thread(target=probe, name="mount-probe", daemon=True)
     t.start()
     t.join(timeout_s)
-    return out.get("ok")  # type: ignore[return-value]
+    return out.get("ok")

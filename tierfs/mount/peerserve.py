@@ -1,8 +1,9 @@
 """What this node answers when a peer asks it for a chunk it owns (docs/peers.md).
 
 The owner serves from its memory or disk tier, or fetches the chunk from the store once
-(the read walk's singleflight, tierfs/read/walk.py: however many peers ask, one GET) and keeps it, so the next
-asker is served from memory. It serves only what it could serve its own readers:
+(the read walk's singleflight, tierfs/read/walk.py: however many peers ask, one GET) and
+keeps it, so the next asker is served from memory. It serves only what it could serve its
+own readers:
 
 - chunks of keys under the prefix it mounts, in the bucket it mounts, with its own chunk
   size (400). Everything else is one answer, 404 "refused", the same as for a key the store

@@ -105,7 +105,7 @@ class Warmer:
         for pattern in patterns:
             try:
                 matches = await self._match(pattern)
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - _failure: one error entry per pattern
                 ws.errors.append({"path": pattern, "error": str(self._failure(exc))})
                 continue
             if not matches:
@@ -173,7 +173,7 @@ class Warmer:
             async with limiter:
                 try:
                     results[i] = await self.ns.listdir(d.ino)
-                except Exception as exc:  # never into the nursery: one listing, one entry
+                except Exception as exc:  # noqa: BLE001 - never into the nursery: one entry
                     err = self._failure(exc)
                     failures.append(err)
                     if ws is not None:
@@ -214,8 +214,9 @@ class Warmer:
         dirty = self.cache.dirty_bytes
         low = self.cache.evictor.low
         room = max(0, int(low * budget) - pinned - dirty)
-        why = (f"{format_size(budget)} budget at the {low:.0%} eviction mark, less {format_size(pinned)} "
-               f"pinned by others and {format_size(dirty)} of unsaved writes")
+        why = (f"{format_size(budget)} budget at the {low:.0%} eviction mark, "
+               f"less {format_size(pinned)} pinned by others and {format_size(dirty)} "
+               f"of unsaved writes")
         return room, why
 
     def over_hard(self, files: list[ObjectVersion]) -> str | None:
@@ -272,12 +273,13 @@ class Warmer:
                 await trio.sleep(PROGRESS_INTERVAL_S)
                 await report()
 
+        error: TierfsError | None
         async with trio.open_nursery() as nursery:
             nursery.start_soon(reporter)
             try:
                 result = await self._warm(patterns, ws, state, check, pin_owner, pin_expires,
                                           concurrency)
-            except Exception as exc:  # raised below, bare: callers catch TierfsError
+            except Exception as exc:  # noqa: BLE001 - raised below, as a TierfsError
                 error = self._failure(exc)
             else:
                 error = None
@@ -305,9 +307,9 @@ class Warmer:
             return {**summary, "bytes_fetched": 0, "errors": errors[:MAX_REPORTED_ERRORS],
                     "error_count": len(errors)}
         if total > room:
-            raise NoSpace(f"the warm set is {format_size(total)} ({len(ws.files)} files) but the cache "
-                          f"can hold {format_size(room)} of it ({why}): warm less, unpin "
-                          f"something, or raise --cache-size")
+            raise NoSpace(f"the warm set is {format_size(total)} ({len(ws.files)} files) "
+                          f"but the cache can hold {format_size(room)} of it ({why}): "
+                          f"warm less, unpin something, or raise --cache-size")
         if over is not None:
             raise NoSpace(over)
         warm_id = next(self._ids)
@@ -331,7 +333,7 @@ class Warmer:
                     continue
                 try:
                     fetched, cached = await self.walk.warm(obj, index)
-                except Exception as exc:
+                except Exception as exc:  # noqa: BLE001 - _failure: the file's error entry
                     err = self._failure(exc, warm_id)
                     fail(path, "changed in the bucket while warming: run the warm again"
                          if isinstance(err, PreconditionFailed) else str(err))

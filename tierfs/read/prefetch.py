@@ -6,8 +6,9 @@ continuation of a random reader - 1 in 250 of 4 KiB reads of a 64 MiB file - mus
 load 32 MiB into memory). A read at offset 0 reads one chunk ahead (a program that looks
 at a file's header costs one chunk more); once the next read continues it, the window is
 SEQUENTIAL_WINDOW chunks at once, then doubles with each read up to readahead_chunks: a
-sequential reader has that many GETs in flight from its second read, not its fourth. Upcoming chunks that are on disk are
-loaded into the memory tier, the others fetched from the backend at background priority.
+sequential reader has that many GETs in flight from its second read, not its fourth.
+Upcoming chunks that are on disk are loaded into the memory tier, the others fetched from
+the backend at background priority.
 `on_read` never blocks a reader: when more than `max_queued` chunks are already being
 read ahead, new requests are dropped (and counted), not queued.
 
@@ -40,9 +41,9 @@ import trio
 from ..cache import ChunkCache, ObjectVersion
 from ..cache.memory import WHOLE
 from ..cache.tier import Want
-from .walk import TierWalk
 from ..metrics import Metrics
 from ..tasks import Tasks, expected_error
+from .walk import TierWalk
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,6 @@ from ..cache.tier import Bytes, Want
 from ..peers import PeerChunk, PeerTier
 from .storecheck import StoreChecks
 
-
 REFUTED_MAX = 64  # refuted chunks waiting for the store's bytes to blame their peer
 
 

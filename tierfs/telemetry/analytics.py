@@ -35,6 +35,7 @@ import bisect
 import logging
 import time
 from collections import OrderedDict
+from collections.abc import Set as AbstractSet
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
@@ -90,7 +91,7 @@ class Counts:
                 "heads": self.heads}
 
     @staticmethod
-    def _parse(raw: dict) -> dict[str, Any]:
+    def _parse(raw: Any) -> dict[str, Any]:  # JSON: a wrong shape raises, callers catch it
         return {"read": {str(k): int(v) for k, v in raw["read"].items() if int(v) >= 0},
                 **{k: max(0, int(raw.get(k, 0))) for k in
                    ("accesses", "rereads", "fetches", "refetches", "lists", "heads")}}
@@ -370,7 +371,7 @@ class Analytics:
     # ---- the cache's side (a worker thread, when a report asks) --------------------------
 
     def cache_view(self, pinned: set[bytes], half_life_s: float, now: float,
-                   wanted: set[str] = frozenset()) -> "CacheView":  # type: ignore[assignment]
+                   wanted: AbstractSet[str] = frozenset()) -> "CacheView":
         """Cached bytes per prefix (with their newest access), composition by heat, the
         heat histogram (bytes), total bytes per prefix from the namespace's file records:
         one read-only walk of the index (at most a second behind), its result bounded by
@@ -424,7 +425,7 @@ class Analytics:
                     continue
             elif key == _TOTALS:
                 try:
-                    self.totals = Counts(**Counts._parse(raw))  # type: ignore[arg-type]
+                    self.totals = Counts(**Counts._parse(raw))
                     continue
                 except (KeyError, TypeError, ValueError, AttributeError):
                     pass

@@ -307,7 +307,8 @@ class CapacityHistory:
                                    drop_before=slot(s.t - tier.keep_s, tier))
 
     def history(self) -> list[Sample]:
-        tiers = {tier.name: [Sample.from_record(r) for _, r in self.meta.capacity.samples(tier.name)]
+        samples = self.meta.capacity.samples
+        tiers = {tier.name: [Sample.from_record(r) for _, r in samples(tier.name)]
                  for tier in TIERS}
         return merged(tiers)
 

@@ -16,10 +16,10 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from .analytics import HEAT_EDGES, SOURCES, Analytics, CacheView, Point, cached_share
 from ..cache import ChunkCache
 from ..metrics import Metrics
 from ..protocol import JobFilesRequest, ReportRequest
+from .analytics import HEAT_EDGES, SOURCES, Analytics, CacheView, Point, cached_share
 
 if TYPE_CHECKING:
     from .capacity import CapacityHistory
@@ -47,7 +47,8 @@ async def build_report(req: ReportRequest, *, info: dict[str, Any], analytics: A
     def row(name: str) -> dict[str, Any]:
         p = prefixes.get(name)
         cached = view.cached.get(name, (0, 0.0))[0]
-        out = {"prefix": name, "read": {}, "cached": cached, "total": view.total.get(name, 0)}
+        out: dict[str, Any] = {"prefix": name, "read": {}, "cached": cached,
+                               "total": view.total.get(name, 0)}
         if p is not None:
             out.update(heat=round(p.heat(now, analytics.half_life_s), 1), read=dict(p.read),
                        hit_ratio=_round(p.hit_ratio()), reread_ratio=_round(p.reread_ratio()),
@@ -108,7 +109,8 @@ def _fell(a: Point, b: Point) -> bool:
 
 
 def _heat_histogram(view: CacheView) -> list[dict[str, Any]]:
-    return [{"le": edge, "count": c} for edge, c in zip(HEAT_EDGES + (None,), view.heat)]
+    edges: tuple[float | None, ...] = (*HEAT_EDGES, None)
+    return [{"le": edge, "count": c} for edge, c in zip(edges, view.heat, strict=True)]
 
 
 def _buckets(metrics: Metrics, name: str, **match: str) -> dict[float, float]:

@@ -230,7 +230,7 @@ def staging_crc(fd: int, start: int, length: int) -> int:
     return crc32c(data + bytes(length - len(data)))  # a hole past the staging file's end
 
 
-def staging_io(fn: Callable[..., T], *args) -> T:
+def staging_io(fn: Callable[..., T], *args: object) -> T:
     """A pread/pwrite/ftruncate of a staging file, its OSError as the TierfsError the
     application gets (the staging file lives on the cache disk)."""
     try:

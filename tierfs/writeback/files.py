@@ -344,10 +344,10 @@ class WriteBack:
         del self.files[d.ino]
         self.queue.done(d.ino)
         self.staging.delete(d)
-        saved = d.clean and not d.superseded and d.failed is None and d.base is not None
+        saved = d.base if d.clean and not d.superseded and d.failed is None else None
         d.to(State.FORGOTTEN)
-        if saved and self.on_saved is not None:
-            self.on_saved(d.ino, d.base)  # type: ignore[arg-type]
+        if saved is not None and self.on_saved is not None:
+            self.on_saved(d.ino, saved)
 
     # ---- background work ----------------------------------------------------------------
 

@@ -119,7 +119,7 @@ class Uploads:
             self._wake = trio.Event()
             try:
                 ok = await self._sweep_pass()
-            except Exception as exc:  # noqa: BLE001 - keep the task
+            except Exception as exc:  # keep the task
                 self.metrics.internal_errors.labels("orphan-cleanup").inc()
                 log.error("orphan cleanup failed unexpectedly", exc_info=exc)
                 ok = False

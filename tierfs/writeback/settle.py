@@ -75,7 +75,7 @@ class Settler:
                         nursery.start_soon(self._move, d, new, index)
                 # the staging copies of the batch go: at most MOVES chunks held twice
                 await trio.to_thread.run_sync(os.ftruncate, d.fd, batch[-1] * cs)
-        except Exception as exc:  # noqa: BLE001 - saved: only the cached copy is lost
+        except Exception as exc:  # saved: only the cached copy is lost
             if isinstance(exc, OSError):  # the staging file's truncation
                 log.warning("%r is saved, but its staging file: %s", d.key, exc)
             else:
@@ -99,7 +99,7 @@ class Settler:
             try:
                 async with d.lock:
                     await self.settle(d)
-            except Exception as exc:  # noqa: BLE001 - keep the worker
+            except Exception as exc:  # keep the worker
                 self.metrics.internal_errors.labels("upload").inc()
                 log.error("caching what was written to %r failed unexpectedly", d.key,
                           exc_info=exc)

@@ -98,7 +98,8 @@ class Staging:
         base_end = min(start + cs, d.base_valid)
         try:
             # bytes of the base in this chunk that the write does not cover must be kept
-            if d.base is not None and base_end > start and not (wstart <= start and wend >= base_end):
+            if (d.base is not None and base_end > start
+                    and not (wstart <= start and wend >= base_end)):
                 data = await self.read_base(d.base, index)
                 staging_io(os.pwrite, d.fd, data[:base_end - start], start)
         except BaseException:
@@ -127,7 +128,7 @@ class Staging:
     async def read(self, d: DirtyFile, offset: int, size: int) -> bytes:
         end = min(offset + size, d.size)
         cs = self.chunk_size
-        out = []
+        out: list[bytes | memoryview] = []
         for index in range(offset // cs, (max(end, offset + 1) - 1) // cs + 1):
             lo, hi = max(offset, index * cs), min(end, (index + 1) * cs)
             if lo >= hi:

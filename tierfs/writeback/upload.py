@@ -97,7 +97,8 @@ class Uploader:
     def _copied(self, d: DirtyFile, start: int, length: int) -> bool:
         """Whether the part at [start, start+length) is copied server-side from the base."""
         cs = self.chunk_size
-        touched = any(i in d.materialized for i in range(start // cs, (start + length - 1) // cs + 1))
+        touched = any(i in d.materialized
+                      for i in range(start // cs, (start + length - 1) // cs + 1))
         return d.base is not None and not touched and start + length <= d.base_valid
 
     async def _chunk_crcs(self, d: DirtyFile, size: int) -> list[int] | None:
@@ -201,7 +202,8 @@ class Uploader:
             raise as_tierfs_error(group) from None
         parts = [s.sent[n] for n in range(count)]
         etag = await self._retrying(f"completion of {d.key!r}", self.backend.mpu_complete,
-                                    d.key, upload_id, [(n + 1, p.etag) for n, p in enumerate(parts)])
+                                    d.key, upload_id,
+                                    [(n + 1, p.etag) for n, p in enumerate(parts)])
         d.upload_id = s.upload_id = None
         await self.uploads.finished(upload_id)
         crcs: list[int] | None = []
@@ -239,22 +241,24 @@ class Uploader:
         """Upload part n of s (its bytes `data`); meanwhile take its chunks' CRCs."""
         assert s.upload_id is not None
         upload_id = s.upload_id
-        out: dict[str, object] = {}
+        etag = ""
+        crcs: list[int] = []
 
         async def upload() -> None:
-            out["etag"] = await self._retrying(f"part {n + 1} of {s.key!r}",
-                                               self.backend.upload_part, s.key, upload_id,
-                                               n + 1, data)
+            nonlocal etag
+            etag = await self._retrying(f"part {n + 1} of {s.key!r}",
+                                        self.backend.upload_part, s.key, upload_id, n + 1, data)
 
-        async def crcs() -> None:
-            out["crcs"] = await trio.to_thread.run_sync(chunk_crcs_of, data, self.chunk_size)
+        async def take_crcs() -> None:
+            nonlocal crcs
+            crcs = await trio.to_thread.run_sync(chunk_crcs_of, data, self.chunk_size)
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(upload)
-            nursery.start_soon(crcs)
-        s.sent[n] = Sent(changes, out["etag"], len(data), out["crcs"])  # type: ignore[arg-type]
+            nursery.start_soon(take_crcs)
+        s.sent[n] = Sent(changes, etag, len(data), crcs)
 
-    async def _retrying(self, what: str, fn: Callable[..., Awaitable[T]], *args) -> T:
+    async def _retrying(self, what: str, fn: Callable[..., Awaitable[T]], *args: object) -> T:
         """fn(*args), tried PART_ATTEMPTS times with backoff while the failure is one a
         retry can fix (botocore has already retried each request)."""
         delay = self.part_retry_s
@@ -304,7 +308,7 @@ class Uploader:
             d, s, n = await self._stream_recv.receive()
             try:
                 await self._stream_part(d, s, n)
-            except Exception as exc:  # noqa: BLE001 - close() sends what failed here
+            except Exception as exc:  # close() sends what failed here
                 error = as_tierfs_error(exc) if isinstance(exc, BaseExceptionGroup) else exc
                 if isinstance(error, TierfsError):
                     log.info("background upload of part %d of %r failed (%s): close() "
