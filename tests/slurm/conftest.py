@@ -5,6 +5,8 @@
   public_dir  (function) a fresh 0755 folder under /tmp: job users (nobody) cannot enter
               pytest's tmp_path (/tmp/pytest-of-root is 0700); removed afterwards
   job_out     (function) a folder in public_dir owned by nobody, for job output
+  mounts      (function) the mount harness (mounting.Mounts) of `bucket` in public_dir, so
+              that job users reach the mount points
 """
 
 import os
@@ -18,6 +20,7 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # `import slurmkit`
 
+from mounting import Mounts  # noqa: E402
 from slurmkit import start_slurm  # noqa: E402
 
 SETTINGS = """\
@@ -57,3 +60,9 @@ def job_out(public_dir):
     nobody = pwd.getpwnam("nobody")
     os.chown(out, nobody.pw_uid, nobody.pw_gid)
     return out
+
+
+@pytest.fixture
+def mounts(rgw, bucket, public_dir, request):
+    with Mounts.of_test(request, rgw, bucket, public_dir) as harness:
+        yield harness

@@ -24,6 +24,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from mounting import free_port
+
 REPO = Path(__file__).resolve().parents[2]
 HOOKS = REPO / "systemd" / "slurm"
 TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
@@ -45,12 +47,6 @@ exit 0
 
 class SlurmError(RuntimeError):
     pass
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _comm(pid: int) -> str | None:
@@ -205,10 +201,8 @@ class Slurm:
         key = s / "munge" / "munge.key"
         key.write_bytes(os.urandom(1024))
         key.chmod(0o400)
-        ctld = _free_port()
-        slurmd = _free_port()
-        while slurmd == ctld:  # neither is bound yet: the kernel may offer one twice
-            slurmd = _free_port()
+        ctld = free_port()
+        slurmd = free_port()  # never one handed out before: neither is bound yet
         self.conf.write_text(slurm_conf(s, self.host, ctld, slurmd))
         self.settings.write_text(settings)
         self._daemon(["munged", "--force", f"--key-file={key}",

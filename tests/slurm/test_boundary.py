@@ -13,7 +13,6 @@ import threading
 import time
 
 import pytest
-from mounting import Mount
 from test_jobs import (  # noqa: F401 - dataset and mount are fixtures
     DATA,
     dataset,
@@ -149,16 +148,6 @@ def test_log_lines_cannot_be_forged_and_the_log_is_root_s(slurm, mount, public_d
     assert stat.S_IMODE(log.stat().st_mode) == 0o600
 
 
-class NobodysMount(Mount):
-    """A tierfs mount that the kernel records as made by uid 65534 (user_id=65534 in
-    mountinfo), as a user's own `tierfs mount` would be: the daemon runs with real uid
-    65534 (effective root: a job user cannot run this checkout's Python under /root)."""
-
-    @property
-    def argv(self) -> list[str]:
-        return ["setpriv", "--ruid", "65534", "--", *super().argv]
-
-
 class GarbledSocket:
     """Stand in for a daemon's control socket: answer every request with a JSON line that
     is not an object (a broken or hostile daemon)."""
@@ -212,14 +201,15 @@ def nobodys_run_dir():
 
 
 def test_hooks_use_only_trusted_mounts_and_one_bad_mount_skips_nothing(
-        slurm, rgw, bucket, mount, dataset, public_dir, nobodys_run_dir):
+        slurm, rgw, bucket, mount, dataset, public_dir, nobodys_run_dir, mounts):
     # V7: the epilog talked to every tierfs mount, users' own included, and one mount whose
     # daemon answered nonsense could skip the rest; the prolog warmed users' mounts too
     job = "990001"
-    with Mount(rgw, f"s3://{bucket}", public_dir / "bad", public_dir / "cache-bad",
-               ["--allow-other"]) as bad, \
-         NobodysMount(rgw, f"s3://{bucket}", public_dir / "users", public_dir / "cache-u",
-                      ["--allow-other"]) as users:
+    with mounts.start("--allow-other", mnt="bad", cache="cache-bad") as bad, \
+         mounts.start("--allow-other", mnt="users", cache="cache-u", as_uid=65534) as users:
+        # `users`: a mount the kernel records as made by uid 65534 (user_id=65534 in
+        # mountinfo), as a user's own `tierfs mount` would be: the daemon runs with real
+        # uid 65534 (effective root: a job user cannot run this checkout's Python under /root)
         r = run_hook(slurm, "prolog", "990002", SLURM_SCRIPT_CONTEXT="prolog_slurmd",
                      SLURM_JOB_COMMENT=f"tierfs:warm={users.mountpoint}/data/a.bin")
         assert r.returncode == 0

@@ -47,9 +47,8 @@ def dataset(rgw, bucket):
 
 
 @pytest.fixture
-def mount(rgw, bucket, dataset, public_dir):
-    with Mount(rgw, f"s3://{bucket}", public_dir / "mnt", public_dir / "cache",
-               ["--allow-other", "--chunk-size", "1M"]) as m:
+def mount(dataset, mounts):
+    with mounts.start("--allow-other", "--chunk-size", "1M") as m:
         yield m
 
 
@@ -116,10 +115,10 @@ def test_prolog_warms_what_the_job_declares_before_its_first_line(slurm, mount, 
 
 
 def test_a_job_declaring_data_on_two_mounts(rgw, bucket, slurm, mount, dataset, public_dir,
-                                            job_out):
+                                            job_out, mounts):
     # the same bucket mounted a second time, with its own cache: two daemons, two sockets
-    with Mount(rgw, f"s3://{bucket}", public_dir / "mnt2", public_dir / "cache2",
-               ["--allow-other", "--chunk-size", "1M"]) as other:
+    with mounts.start("--allow-other", "--chunk-size", "1M", mnt="mnt2",
+                      cache="cache2") as other:
         a, b = f"{mount.mountpoint}/data/a.bin", f"{other.mountpoint}/ckpt/run42/model.pt"
         job_id = slurm.sbatch(f"#!/bin/sh\nsha256sum {a} {b}\n", output=job_out / "job.out",
                               comment=f"tierfs:warm={a},{b}")

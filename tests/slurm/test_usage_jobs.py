@@ -26,11 +26,10 @@ def usage_rows(m: Mount, *args: str) -> dict[str, dict]:
     return {row["name"]: row for row in json.loads(r.stdout)["rows"]}
 
 
-def test_a_job_s_reads_are_counted_to_the_job(slurm, rgw, bucket, public_dir):
+def test_a_job_s_reads_are_counted_to_the_job(slurm, rgw, bucket, public_dir, mounts):
     data = hashlib.shake_256(b"usage").digest(SIZE)
     rgw.client().put_object(Bucket=bucket, Key="data/job.bin", Body=data)
-    with Mount(rgw, f"s3://{bucket}", public_dir / "mnt", public_dir / "cache",
-               ["--allow-other", "--chunk-size", "1M"]) as m:
+    with mounts.start("--allow-other", "--chunk-size", "1M") as m:
         path = m.path / "data/job.bin"
         r = slurm.run("srun", "--chdir=/", "sh", "-c",
                       f'echo "$SLURM_JOB_ID"; sha256sum {path}', user="nobody")

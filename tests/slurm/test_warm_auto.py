@@ -57,13 +57,12 @@ def runs_file():
         os.unlink(path)
 
 
-def test_a_job_s_manifest_warms_its_next_run(slurm, rgw, bucket, public_dir, runs_file):
+def test_a_job_s_manifest_warms_its_next_run(slurm, rgw, bucket, public_dir, runs_file, mounts):
     client = rgw.client()
     for key, size in {**READ, **UNREAD}.items():
         client.put_object(Bucket=bucket, Key=key, Body=hashlib.shake_256(key.encode()).digest(size))
     name = f"train-{uuid.uuid4().hex[:8]}"
-    with Mount(rgw, f"s3://{bucket}", public_dir / "mnt", public_dir / "cache",
-               ["--allow-other", "--chunk-size", "1M"]) as m:
+    with mounts.start("--allow-other", "--chunk-size", "1M") as m:
         files = [str(m.path / k) for k in READ]
         # the step names the files after `sh -c '...' sh`: "$@" without the first
         first = slurm.run("srun", f"--job-name={name}", "--chdir=/", "sh", "-c",
