@@ -20,16 +20,24 @@ import uuid
 from pathlib import Path
 
 import grpc
+from mounting import (  # noqa: F401 - is_mounted: for the tests
+    Daemon,
+    free_port,
+    is_mounted,
+    mounts_under,
+    parse_metrics,
+    pid_alive,
+    stop_pid,
+    sum_samples,
+)
 from tierfs_csi import csi_pb2 as pb  # generated at install time (scripts/install.sh)
 from tierfs_csi import csi_pb2_grpc as pb_grpc
-
-from mounting import free_port, is_mounted, parse_metrics, sum_samples  # noqa: F401
 
 DRIVER = "csi.tierfs.io"
 MODE = pb.VolumeCapability.AccessMode
 
 
-class Plugin:
+class Plugin(Daemon):
     def __init__(self, root: Path, env: dict[str, str] | None = None, extra_args=()):
         self.root = root
         self.extra_args = list(extra_args)
@@ -49,9 +57,7 @@ class Plugin:
 
     def start(self, timeout: float = 30.0) -> "Plugin":
         self.kubelet_dir.mkdir(parents=True, exist_ok=True)
-        with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, stdout=log,
-                                         stderr=subprocess.STDOUT, env=self.env)
+        self.spawn(self.argv, self.env)
         self.channel = grpc.insecure_channel(f"unix://{self.socket}")
         self.identity = pb_grpc.IdentityStub(self.channel)
         self.node = pb_grpc.NodeStub(self.channel)
@@ -76,13 +82,7 @@ class Plugin:
             self.channel = None
         if self.proc is None:
             return None
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-        rc = self.proc.wait()
+        rc = self.end(20)
         self.proc = None
         return rc
 
@@ -94,15 +94,6 @@ class Plugin:
         self.proc.wait()
         self.proc = None
 
-    def log_text(self) -> str:
-        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
-
-
-def _mounts_under(root: str) -> list[str]:
-    with open("/proc/self/mountinfo") as f:
-        points = [line.split()[4].encode().decode("unicode_escape") for line in f]
-    return [p for p in points if p == root or p.startswith(root + "/")]
-
 
 def daemon_pid(state_dir: Path, volume_id: str) -> int | None:
     """The volume's tierfs daemon, from the pid tierfs writes into CACHE_DIR/lock, if alive."""
@@ -111,13 +102,10 @@ def daemon_pid(state_dir: Path, volume_id: str) -> int | None:
     except (OSError, ValueError):
         return None
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return None
-    cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-    if stat.rsplit(")", 1)[1].split()[0] == "Z" or b"tierfs" not in cmdline:
-        return None
-    return pid
+    return pid if pid_alive(pid) and b"tierfs" in cmdline else None
 
 
 def wait_gone(pid: int, timeout: float = 60.0) -> bool:
@@ -197,15 +185,13 @@ class Kubelet:
 
     def cleanup(self, state_dir: Path) -> None:
         """Unmount what a failed test left (binds first), then end the daemons by PID."""
-        for point in sorted(_mounts_under(str(self.root)), key=len, reverse=True):
+        for point in sorted(mounts_under(self.root), key=len, reverse=True):
             subprocess.run(["umount", "-l", point], capture_output=True)
         if state_dir.is_dir():
             for vol in state_dir.iterdir():
                 pid = daemon_pid(state_dir, vol.name)
                 if pid is not None:
-                    os.kill(pid, 15)
-                    if not wait_gone(pid, 20):
-                        os.kill(pid, 9)
+                    stop_pid(pid, 20)
 
 
 def put_dataset(rgw, bucket: str, prefix: str = "data/") -> dict[str, bytes]:
