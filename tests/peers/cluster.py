@@ -1,23 +1,24 @@
 """A fleet of real tierfs mounts over one RGW, for the peer-tier tests (tests/peers/).
 
-    from cluster import Cluster, Checkpoint, restore
+    from cluster import Fleet, Checkpoint, restore
     ckpt = Checkpoint.upload(s3, bucket, "ckpt", files=4, size=128 * MiB)
-    with Cluster(rgw, bucket, tmp_path, 8) as c:          # 8 mounts started at once
-        results = restore(c.nodes, ckpt)                   # every node reads every file
-        assert all(r.ok for r in results)                  # sha256 of each file checked
-        assert c.store_bytes() <= 1.1 * ckpt.size          # from the daemons' metrics
-        log = c.access_log.since_start()                   # from the RGW's HTTP access log
+    c = Fleet(mounts, 8)                                   # 8 mounts started at once
+    results = restore(c.nodes, ckpt)                       # every node reads every file
+    assert all(r.ok for r in results)                      # sha256 of each file checked
+    assert c.store_bytes() <= 1.1 * ckpt.size              # from the daemons' metrics
+    log = c.access_log.since_start()                       # from the RGW's HTTP access log
 
-Each node is a `tests/mounting.py` `Mount` with its own cache dir, mount point, metrics port
-and peer port (`free_port()`); all of them list the same peers file (one `127.0.0.1:PORT` a
-line, every node's peer port, plus any `extra_peers` such as an in-test fake peer) and share
-one secret file (mode 0600). `peers=False` mounts the same fleet without any peer option
+Each node is a `Mount` of the mount harness (`tests/mounting.py`'s `Mounts`, the `mounts`
+fixture: it stops the daemons and prints their logs when the test failed) with its own
+cache dir, mount point, metrics port and peer port (`free_port()`); all of them list the
+same peers file (one `127.0.0.1:PORT` a line, every node's peer port, plus any
+`extra_peers` such as an in-test fake peer) and share one secret file (mode 0600). `peers=False` mounts the same fleet without any peer option
 (a plain fleet: what the store pays without the peer tier).
 
 What left the store is counted twice, independently:
   - the daemons' own metrics (tierfs_backend_bytes_total, tierfs_backend_requests_total{op=
     "get"}), scraped per node; a node that was killed keeps the last value scraped before
-    the kill (`Cluster.kill`), so after a kill prefer the access log;
+    the kill (`Fleet.kill`), so after a kill prefer the access log;
   - the RGW's HTTP access log (tests/rgw.py: dir/log/client.rgw.gw.log), whose `beast:` lines
     give method, path, status and the body bytes sent: `AccessLog` counts the GETs of the
     test's bucket between a start mark and an end mark (a HEAD of a missing key sent by the
@@ -47,7 +48,7 @@ _TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if _TESTS not in sys.path:
     sys.path.insert(0, _TESTS)
 
-from mounting import Mount, free_port, sum_samples  # noqa: E402
+from mounting import Mount, Mounts, free_port, sum_samples  # noqa: E402
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 
@@ -240,9 +241,13 @@ class Node:
         return sum_samples(self.metrics(), name, **labels)
 
 
-class Cluster:
-    """N tierfs mounts of one bucket (context manager: everything stopped on exit).
+class Fleet:
+    """N tierfs mounts of one bucket, each listing the others as peers, started at once by
+    the mount harness (mounting.Mounts: it stops them and prints their logs). The fleet
+    keeps the peer setup (peers file, secret) and the counting over its nodes.
 
+    name          folder under the harness's root: NAME/mnt{i}, NAME/cache{i}, NAME/peers.txt
+    bucket        default: the harness's
     extra_args    more `tierfs mount` arguments for every node (e.g. a short --metadata-ttl)
     peers         False: no peer option at all (a plain fleet)
     peer_args     peer options added with peers=True (default: a 2 s --peer-timeout as the
@@ -251,12 +256,12 @@ class Cluster:
     prefix        mount s3://BUCKET/PREFIX instead of the whole bucket
     """
 
-    def __init__(self, rgw, bucket: str, root: Path, n: int, *, extra_args=(),
-                 peers: bool = True, peer_args=(), extra_peers=(), secret: bytes | None = None,
-                 start: bool = True, prefix: str = "") -> None:
-        self.rgw = rgw
-        self.bucket = bucket
-        self.root = Path(root)
+    def __init__(self, mounts: Mounts, n: int, *, name: str = "fleet", bucket: str | None = None,
+                 extra_args=(), peers: bool = True, peer_args=(), extra_peers=(),
+                 secret: bytes | None = None, start: bool = True, prefix: str = "") -> None:
+        self.mounts = mounts
+        self.bucket = bucket = bucket or mounts.bucket
+        self.root = mounts.root / name
         self.root.mkdir(parents=True, exist_ok=True)
         self.peers = peers
         self.peers_file = self.root / "peers.txt"
@@ -270,11 +275,12 @@ class Cluster:
                 args += ["--peers", f"file:{self.peers_file}",
                          "--peer-listen", f"127.0.0.1:{port}",
                          "--peer-secret-file", str(self.secret_file), *map(str, peer_args)]
-            m = Mount(rgw, f"s3://{bucket}/{prefix}", self.root / f"mnt{i}", self.root / f"cache{i}",
-                      args, start=False, timeout=60.0)
+            m = mounts.mount(*args, mnt=f"{name}/mnt{i}", cache=f"{name}/cache{i}",
+                             source=f"s3://{bucket}/{prefix}", timeout=60.0,
+                             label=f"node {i} (127.0.0.1:{port})")
             self.nodes.append(Node(i, m, port))
         self.write_peers([n.addr for n in self.nodes] + list(extra_peers))
-        self.access_log = AccessLog(rgw, rgw.client(), bucket)
+        self.access_log = AccessLog(mounts.rgw, mounts.rgw.client(), bucket)
         if start:
             self.start()
 
@@ -284,36 +290,19 @@ class Cluster:
         tmp.write_text("".join(a + "\n" for a in addrs))
         os.replace(tmp, self.peers_file)
 
-    def start(self) -> "Cluster":
-        """Start every node at once (threads); on any failure stop those that started."""
-        errors: list[BaseException] = []
-
-        def one(node: Node) -> None:
-            try:
-                node.mount.start()
-            except BaseException as e:  # noqa: BLE001 - reported below
-                errors.append(e)
-
-        threads = [threading.Thread(target=one, args=(n,)) for n in self.nodes]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        if errors:
-            self.stop()
-            raise errors[0]
+    def start(self) -> "Fleet":
+        """Start every node at once; on any failure stop those that started."""
+        self.mounts.start_all([n.mount for n in self.nodes])
         return self
-
-    def __enter__(self) -> "Cluster":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
 
     def stop(self) -> None:
         """Unmount every node (concurrently: each waits for its daemon)."""
-        with ThreadPoolExecutor(max(1, len(self.nodes))) as ex:
-            list(ex.map(lambda n: n.mount.stop(), self.nodes))
+        self.mounts.stop_all([n.mount for n in self.nodes])
+
+    def remount(self, node: Node) -> Node:
+        """Stop one node and mount its cache dir again (memory tier empty, disk tier kept)."""
+        node.mount = self.mounts.remount(node.mount)
+        return node
 
     def kill(self, node: Node) -> None:
         """SIGKILL the daemon by PID and detach its mount (`fusermount3 -u -z`); its last
@@ -347,15 +336,6 @@ class Cluster:
                 if name == "tierfs_peer_requests_total" and lbl.get("role") == role:
                     out[lbl["result"]] = out.get(lbl["result"], 0) + v
         return out
-
-    def logs(self, lines: int = 60) -> str:
-        out = []
-        for n in self.nodes:
-            tail = n.mount.log_text().splitlines()[-lines:]
-            out.append(f"----- node {n.index} ({n.addr}, pid {n.mount.pid}"
-                       f"{', killed' if n.killed else ''}) {n.mount.log_path}")
-            out.extend(tail)
-        return "\n".join(out)
 
 
 # ------------------------------------------------------------------ reading

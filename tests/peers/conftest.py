@@ -2,11 +2,12 @@
 
   rgw     the session's RGW, or with TIERFS_LONG=1 a bigger one of tests/peers' own
   s3      a boto3 client of the RGW itself: uploads the data, overwrites objects
-  fleet   (function) a factory of Clusters of the test's `bucket`, each stopped at teardown:
+  fleet   (function) a factory of Fleets of the test's `bucket` on the `mounts` harness
+          (which stops every daemon at teardown and, when the test failed, prints the tail
+          of every daemon's log):
             c = fleet(8)                                   # 8 mounts with peers, at once
             c = fleet(2, peers=False)                      # a plain fleet
             c = fleet(1, extra_peers=[fake.addr], peer_args=["--peer-timeout", "0.5s"])
-          when the test failed, the tail of every daemon's log is printed.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # `import cluster, fakepeer`
 
-from cluster import LONG, Cluster  # noqa: E402
+from cluster import LONG, Fleet  # noqa: E402
 from rgw import start_rgw  # noqa: E402
 
 
@@ -43,20 +44,11 @@ def s3(rgw):
 
 
 @pytest.fixture
-def fleet(rgw, bucket, tmp_path, request):
-    made: list[Cluster] = []
+def fleet(mounts):
+    made: list[Fleet] = []
 
-    def make(n: int, **kw) -> Cluster:
-        c = Cluster(rgw, bucket, tmp_path / f"fleet{len(made)}", n, start=False, **kw)
-        made.append(c)
-        return c.start()
+    def make(n: int, **kw) -> Fleet:
+        made.append(Fleet(mounts, n, name=f"fleet{len(made)}", **kw))
+        return made[-1]
 
-    try:
-        yield make
-    finally:
-        for c in made:
-            c.stop()
-        rep = getattr(request.node, "rep_call", None)
-        if rep is not None and rep.failed:
-            for c in made:
-                print(c.logs(80))
+    return make

@@ -53,23 +53,13 @@ def _one(s3, bucket: str, key: str = KEY, size: int = SIZE, *, metadata=None,
     return data, Checkpoint(bucket, "ckpt", [Obj(key, size, sha256(data))])
 
 
-def _remount(c, node):
-    """Stop one node and mount its cache dir again (memory tier empty, disk tier kept)."""
-    from mounting import Mount
-
-    m = node.mount
-    m.stop()
-    node.mount = Mount(m.rgw, m.source, m.mountpoint, m.cache_dir, m.extra_args, timeout=60.0)
-    return node
-
-
 def _assert_served_only_store_bytes(c, node, data: bytes, fake_asked: int, *,
                                     key: str = KEY) -> None:
     """The reader's cache holds the store's bytes for every chunk: after a remount (memory
     tier gone) the whole file reads back exact with no request to the store or a peer."""
     gets = node.counter("tierfs_backend_requests_total", op="get")
     assert gets >= 1
-    _remount(c, node)
+    c.remount(node)
     assert read_sha(node.path / key)[0] == sha256(data)
     assert node.counter("tierfs_backend_requests_total", op="get") == 0
     assert node.counter("tierfs_peer_requests_total", role="client") == 0
@@ -285,16 +275,16 @@ def test_a_peer_never_serves_unsaved_writes(fleet, s3, bucket):
         os.close(fd)
 
 
-def test_a_peer_serves_only_the_bucket_it_mounts(fleet, rgw, s3, bucket, tmp_path):
+def test_a_peer_serves_only_the_bucket_it_mounts(fleet, mounts, s3, bucket):
     # node A mounts another bucket; node B lists A as a peer: A refuses B's chunks (404,
     # nothing fetched for them), B reads them from the store
-    from cluster import Cluster
+    from cluster import Fleet
     from rgw import delete_bucket
 
     other = f"{bucket[:40]}-other"
     s3.create_bucket(Bucket=other)
     try:
-        a = Cluster(rgw, other, tmp_path / "a", 1, extra_args=CHUNK_ARGS)
+        a = Fleet(mounts, 1, name="a", bucket=other, extra_args=CHUNK_ARGS)
         try:
             data, _ = _one(s3, bucket)
             b = fleet(1, secret=a.secret, extra_args=CHUNK_ARGS, extra_peers=[a.nodes[0].addr])
