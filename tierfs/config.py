@@ -434,6 +434,10 @@ def _tenant(name: object, table: object) -> Tenant:
             if key == "prefixes":
                 if isinstance(value, str) or not isinstance(value, (list, tuple)):
                     raise ValueError("expected a list of key prefixes like [\"ckpt/vision/\"]")
+                if not value:  # likely a slip: say how to write what it may have meant
+                    raise ValueError("expected at least one key prefix (leave `prefixes` out "
+                                     "for a tenant only readers name, e.g. a Kubernetes "
+                                     "namespace: docs/tenants.md)")
                 fields[key] = tuple(value)
             elif key in ("soft", "hard"):
                 fields[key] = _share_value(value)

@@ -1,6 +1,7 @@
 """Tenants: who owns a key of the bucket (docs/tenants.md).
 
-A tenant is a name and the key prefixes it owns, with optional shares of the cache
+A tenant is a name and the key prefixes it owns (none: a tenant only readers name, e.g. a
+Kubernetes namespace with tenant_from), with optional shares of the cache
 (`soft`, `hard`), an idle limit (`max_idle`) and a default pin TTL (`pin_ttl`). A key
 belongs to the tenant with the longest matching prefix; a key no prefix matches belongs to
 "default", which always exists (it may be declared to give it shares, never prefixes).
@@ -90,8 +91,6 @@ class Tenant:
             if self.prefixes:
                 raise ValueError(f"{where}: prefixes: the default tenant owns every key no "
                                  f"other tenant's prefix matches; it has no prefixes")
-        elif not self.prefixes:
-            raise ValueError(f"{where}: prefixes: expected at least one key prefix")
         if len(self.prefixes) > MAX_PREFIXES:
             raise ValueError(f"{where}: prefixes: more than {MAX_PREFIXES}")
         seen: set[str] = set()

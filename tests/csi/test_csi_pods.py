@@ -247,7 +247,9 @@ def test_usage_by_namespace_metrics_and_accounting(csi_root, kubelet, rgw, bucke
     try:
         files = put_dataset(rgw, bucket)
         vol = csikit.unique_volume()
-        plugin.node.NodeStageVolume(kubelet.stage_request(vol))
+        # team-a is a tenant of the volume (no prefixes: pods name it): its quotas apply
+        plugin.node.NodeStageVolume(kubelet.stage_request(vol,
+                                                          tenants='{team-a = {hard = "1G"}}'))
         staging = kubelet.staging_path(vol)
         a, b = FakePod("job-a-abcde", "team-a"), FakePod("job-b-abcde", "team-b")
         for pod in (a, b):
@@ -269,6 +271,17 @@ def test_usage_by_namespace_metrics_and_accounting(csi_root, kubelet, rgw, bucke
         assert got == {"team-a": len(files["big.bin"]), "team-b": b_read}
         tenants = json.loads(tierfs("usage", staging, "--json").stdout)
         assert {"team-a", "team-b"} <= {row["name"] for row in tenants["rows"]}
+        deadline = time.monotonic() + 30  # the disk tier writes fetched chunks behind reads
+        while True:
+            rows = {row["name"]: row for row in
+                    json.loads(tierfs("usage", staging, "--json").stdout)["rows"]}
+            if rows["team-a"]["cached"] == len(files["big.bin"]) or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        # what team-a's pod brought in is team-a's; team-b is no tenant of the volume, so
+        # its pod's chunks stay with their keys' tenant (default)
+        assert rows["team-a"]["cached"] == len(files["big.bin"])
+        assert rows["team-b"]["cached"] == 0 and rows["default"]["cached"] == b_read
         text = _metrics(kubelet, vol)
         assert 'tierfs_namespace_read_bytes_total{namespace="team-a"' in text
         assert f"pod{a.uid}" not in text and a.uid not in text  # pods are never labels

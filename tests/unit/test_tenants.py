@@ -96,7 +96,6 @@ def test_the_inline_toml_form_is_the_same_map():
     ({"Vision": {"prefixes": ["v/"]}}, "tenant 'Vision': bad name"),
     ({"a" * 33: {"prefixes": ["v/"]}}, "bad name"),
     ({"vi sion": {"prefixes": ["v/"]}}, "tenant 'vi sion': bad name"),
-    ({"vision": {}}, "tenant vision: prefixes: expected at least one"),
     ({"vision": {"prefixes": []}}, "tenant vision: prefixes: expected at least one"),
     ({"vision": {"prefixes": "v/"}}, "tenant vision: prefixes: expected a list"),
     ({"vision": {"prefixes": [""]}}, "tenant vision: prefixes: an empty prefix"),

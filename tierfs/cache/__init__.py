@@ -239,10 +239,11 @@ class ChunkCache:
     # ---- fills and eviction --------------------------------------------------------
 
     async def fill(self, obj: ObjectVersion, ckey: bytes, data: bytes,
-                   kind: Fill = Fill.READ, *, held: int = 0) -> None:
+                   kind: Fill = Fill.READ, *, held: int = 0, tenant: str | None = None
+                   ) -> None:
         """Write a chunk to the disk tier: fetched for a reader (who has the bytes already),
         or written through the mount (`Fill.WRITTEN`, with `held`: see `filling`)."""
-        async with self.filling(obj, ckey, len(data), kind, held=held) as stored:
+        async with self.filling(obj, ckey, len(data), kind, held=held, tenant=tenant) as stored:
             if stored is None:
                 return
             try:
@@ -253,7 +254,7 @@ class ChunkCache:
 
     @asynccontextmanager
     async def filling(self, obj: ObjectVersion, ckey: bytes, length: int, kind: Fill = Fill.READ,
-                      *, held: int = 0
+                      *, held: int = 0, tenant: str | None = None
                       ) -> AsyncIterator[Callable[[tuple[int, ...]], None] | None]:
         """Room and bookkeeping for writing one chunk to the disk tier.
 
@@ -268,11 +269,16 @@ class ChunkCache:
         written chunk leaving its staging file. They are released at once, and the chunk
         takes their room without evicting anything, so a written file holds its size in
         the cache once, not twice (docs/architecture.md, decision 3d).
+
+        `tenant`: the reader's, when it is not the key's (a pod whose tenant is its
+        namespace: docs/tenants.md); an object's chunks all count for the tenant of its
+        first chunk here.
         """
         if held:
             # before any await: no other fill or write can take the room in between
             self.release_held(held, key=obj.key)
-        tenant = self.tenant_of(obj)
+        tenant = self._shares.oid_tenant.get(obj.oid) or self._known(tenant) or \
+            self.tenants.of(obj.key)
         if not self.policy.fill_started(ckey, length, kind, tenant, self._clock(),
                                         held=bool(held)):
             yield None
@@ -289,8 +295,11 @@ class ChunkCache:
                 rec = self.policy.stored(ckey, crcs, self._clock())
                 self._pending_puts[ckey] = rec
                 self._pending_deletes.discard(ckey)
-                self._pending_objects.setdefault(ckey[:16], {
-                    "bucket": obj.bucket, "key": obj.key, "etag": obj.etag, "size": obj.size})
+                info = {"bucket": obj.bucket, "key": obj.key, "etag": obj.etag,
+                        "size": obj.size}
+                if tenant != self.tenants.of(obj.key):  # a reader's tenant: kept for recover
+                    info["tenant"] = tenant
+                self._pending_objects.setdefault(ckey[:16], info)
 
             yield stored
         finally:
@@ -331,8 +340,14 @@ class ChunkCache:
         if tenant is None:
             info = self.meta.chunks.object_info(oid)
             key = info.get("key") if info else None
-            tenant = self.tenants.of(key) if isinstance(key, str) else DEFAULT
+            tenant = (self._known(info.get("tenant")) if info else None) or (
+                self.tenants.of(key) if isinstance(key, str) else DEFAULT)
         return tenant
+
+    def _known(self, tenant: object) -> str | None:
+        """`tenant` if it is one of this mount's tenants (a reader's tenant the options no
+        longer declare counts for its key's tenant)."""
+        return tenant if isinstance(tenant, str) and tenant in self.tenants.names() else None
 
     def _show_tenants(self) -> None:
         """Publish the counts of the tenants whose bytes changed (shares.py)."""

@@ -33,6 +33,7 @@ class Want:
     access: bool = False  # a reader's first access of the chunk: it adds heat
     background: bool = False  # read-ahead: the store's background lane, no reader's room
     ask_peers: bool = True  # False when serving a peer: requests never go round in circles
+    tenant: str | None = None  # the reader's tenant, if not its key's: owns what is cached
 
     @property
     def ckey(self) -> bytes:

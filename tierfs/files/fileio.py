@@ -176,7 +176,19 @@ class FileIO:
         h.reader = reader
         self.cache.opened_by(reader)
         if self.tenant_of is not None:
-            h.tenant = self.tenant_of(h.node.key)
+            h.tenant = self._pod_tenant(reader) or self.tenant_of(h.node.key)
+        h.pattern.tenant = h.tenant  # its read-ahead fills the cache for the same tenant
+
+    def _pod_tenant(self, reader: str) -> str | None:
+        """The tenant tierfs-csi named for a pod reader (tenant_from: namespace), if this
+        mount declares it: what the pod brings into the cache counts for it and its
+        quotas (docs/tenants.md, "Readers")."""
+        if self.usage is None or not reader.startswith("pod:"):
+            return None
+        pod = self.usage.pod(reader[len("pod:"):])
+        if pod is None or pod.tenant is None or pod.tenant not in self.cache.tenants.names():
+            return None
+        return pod.tenant
 
     async def create(self, parent: int, name: bytes, perm: int,
                      caller: Caller = Caller(), pid: int = 0,
@@ -307,7 +319,8 @@ class FileIO:
             if w > longest:
                 longest, delay = w, "queue"
             t = perf_counter()
-            got = await self.walk.read(Want(obj, index, first, last, access=first_access))
+            got = await self.walk.read(Want(obj, index, first, last, access=first_access,
+                                            tenant=h.tenant))
             source = tier = got.source
             brought = None  # where a fetch for this handle brought the chunk from
             if got.fetched:

@@ -70,6 +70,7 @@ class ReadPattern:
     # chunk index -> chunk key, released once it reads past them or closes
     held: dict[int, bytes] = field(default_factory=dict)
     pending: int = 0  # read-aheads of this handle under way
+    tenant: str | None = None  # the handle's reader's tenant: owns what read-ahead caches
     closed: bool = False
 
 
@@ -223,7 +224,7 @@ class Prefetcher:
         try:
             if not self.cache.has(ckey):
                 pat.fetched[index] = "backend"  # the reader's bytes count where they come from
-            got = await self.walk.read(Want(obj, index, background=True))
+            got = await self.walk.read(Want(obj, index, background=True, tenant=pat.tenant))
             if index in pat.fetched:
                 pat.fetched[index] = got.source
             elif got.source == "disk":

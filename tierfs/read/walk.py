@@ -113,7 +113,7 @@ class TierWalk:
     async def _fly(self, want: Want) -> tuple[Bytes, str]:
         """Fetch the whole chunk from the first source that has it, as the one flight."""
         whole = Want(want.obj, want.index, background=want.background,
-                     ask_peers=want.ask_peers)
+                     ask_peers=want.ask_peers, tenant=want.tenant)
         ckey = whole.ckey
         flight = self.flights.start(ckey)
         try:
