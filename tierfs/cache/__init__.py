@@ -130,7 +130,8 @@ class ChunkCache:
     def blocks_of(self, length: int) -> int:
         return max(1, -(-length // self.block_size))
 
-    def in_memory(self, ckey: bytes, first: int, last: int) -> bytes | memoryview | None:
+    def in_memory(self, ckey: bytes, first: int, last: int
+                  ) -> bytes | bytearray | memoryview | None:
         """Bytes of blocks first..last of a chunk if the memory tier has them all."""
         whole = self.memory.get((ckey, WHOLE))
         bs = self.block_size
@@ -164,7 +165,8 @@ class ChunkCache:
         cached as plain LRU caches it (admission.py, `job_opened`)."""
         self.policy.opened_by(reader)
 
-    def read_memory(self, ckey: bytes, first: int, last: int) -> bytes | memoryview | None:
+    def read_memory(self, ckey: bytes, first: int, last: int
+                    ) -> bytes | bytearray | memoryview | None:
         """Blocks first..last of a chunk if the memory tier has them all (a hit counted)."""
         data = self.in_memory(ckey, first, last)
         if data is not None:
@@ -180,7 +182,8 @@ class ChunkCache:
             return None
         try:
             # from the page cache on this thread when it can (no hand-off), else a worker's
-            data = self.disk.read_cached(ckey, rec.length, rec.crcs, first, last)
+            data: bytes | memoryview | None = self.disk.read_cached(ckey, rec.length, rec.crcs,
+                                                                     first, last)
             if data is None:
                 # a big read goes into a reused buffer: reserved in the memory tier while in
                 # flight, as a GET is (the tier's size bounds both; what leaves for it is
@@ -204,7 +207,7 @@ class ChunkCache:
         self._publish()
         return data
 
-    def keep(self, ckey: bytes, first: int, last: int, data: bytes | memoryview, *,
+    def keep(self, ckey: bytes, first: int, last: int, data: bytes | bytearray | memoryview, *,
              whole: bool, ahead: bool = False) -> bool:
         """Put blocks first..last of a chunk (`whole`: all of it) in the memory tier, or
         views of them, without a copy; False if the tier had no room (memory.py: reserved
@@ -220,7 +223,7 @@ class ChunkCache:
         return kept
 
     async def read(self, ckey: bytes, first: int, last: int, *, touch: bool,
-                   ahead: bool = False) -> tuple[bytes | memoryview, str] | None:
+                   ahead: bool = False) -> tuple[bytes | bytearray | memoryview, str] | None:
         """The memory tier, then the disk tier, for callers that know a chunk key only
         (tests, tools); the daemon reads through tierfs/read/walk.py."""
         data = self.read_memory(ckey, first, last)
@@ -238,7 +241,7 @@ class ChunkCache:
 
     # ---- fills and eviction --------------------------------------------------------
 
-    async def fill(self, obj: ObjectVersion, ckey: bytes, data: bytes,
+    async def fill(self, obj: ObjectVersion, ckey: bytes, data: bytes | bytearray | memoryview,
                    kind: Fill = Fill.READ, *, held: int = 0, tenant: str | None = None
                    ) -> None:
         """Write a chunk to the disk tier: fetched for a reader (who has the bytes already),

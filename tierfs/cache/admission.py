@@ -203,9 +203,9 @@ class Admission:
             gap, last = self._gaps.pop(ckey)
             self._gaps[ckey] = (max(gap, this - last), this)
             return
-        last = self._once.pop(ckey, None)
-        if last is not None and rec.heat > 0.0:
-            self._gaps[ckey] = (this - last, this)
+        once = self._once.pop(ckey, None)
+        if once is not None and rec.heat > 0.0:
+            self._gaps[ckey] = (this - once, this)
         else:
             self._once[ckey] = this
 

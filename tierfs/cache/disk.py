@@ -55,7 +55,7 @@ def _c_crc32c() -> Callable[[int, int, int], int] | None:
     if google_crc32c.implementation != "c":
         return None
     try:
-        from google_crc32c import _crc32c  # type: ignore[attr-defined]
+        from google_crc32c import _crc32c
         fn = ctypes.CDLL(_crc32c.__file__).crc32c_extend
     except (ImportError, OSError, AttributeError):
         return None
@@ -64,7 +64,7 @@ def _c_crc32c() -> Callable[[int, int, int], int] | None:
     probe = b"123456789"  # the CRC32C check value
     if fn(0, ctypes.cast(ctypes.c_char_p(probe), ctypes.c_void_p), len(probe)) != 0xE3069283:
         return None
-    return fn  # type: ignore[no-any-return]
+    return fn
 
 
 _CRC = _c_crc32c()
@@ -248,7 +248,7 @@ class DiskTier:
     def checksums(self, data: bytes | bytearray | memoryview) -> tuple[int, ...]:
         return tuple(block_crcs(data, self.block_size))
 
-    def write(self, ckey: bytes, data: bytes) -> tuple[int, ...]:
+    def write(self, ckey: bytes, data: bytes | bytearray | memoryview) -> tuple[int, ...]:
         def copy(view: memoryview) -> None:
             view[:] = data
 
@@ -262,7 +262,8 @@ class DiskTier:
         tmp = self.layout.tmp_file(os.path.basename(path))
         padded = -(-length // _ALIGN) * _ALIGN
         direct = self._direct_ok and length >= _DIRECT_MIN
-        buf = self._buffer(padded) if direct else bytearray(length)
+        pooled = self._buffer(padded) if direct else None
+        buf = pooled if pooled is not None else bytearray(length)
         view = memoryview(buf)
         try:
             fill(view[:length])
@@ -277,8 +278,8 @@ class DiskTier:
             view.release()
             # a few buffers serve every writer thread: as many as write at once, not one
             # per worker thread (trio keeps dozens of threads)
-            if direct and self._buffers.qsize() < _POOLED:
-                self._buffers.put(buf)  # type: ignore[arg-type]
+            if pooled is not None and self._buffers.qsize() < _POOLED:
+                self._buffers.put(pooled)
 
     def _buffer(self, size: int) -> mmap.mmap:
         try:

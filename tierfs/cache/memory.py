@@ -35,7 +35,7 @@ from typing import Callable, Union
 
 WHOLE = -1
 
-Block = Union[bytes, memoryview]  # immutable bytes or a read-only view
+Block = Union[bytes, bytearray, memoryview]  # never written once kept (a GET's bytearray too)
 Key = tuple[bytes, int]
 
 

@@ -46,7 +46,8 @@ class Pin:
         return self.until.get(oid, self.expires)
 
     def record(self) -> dict:
-        rec = {"expires": self.expires, "objects": {o.hex(): s for o, s in self.objects.items()}}
+        rec: dict[str, object] = {"expires": self.expires,
+                                  "objects": {o.hex(): s for o, s in self.objects.items()}}
         if self.until:
             rec["until"] = {o.hex(): t for o, t in self.until.items()}
         return rec

@@ -18,7 +18,7 @@ from typing import Protocol
 
 from .keys import ObjectVersion
 
-Bytes = bytes | memoryview
+Bytes = bytes | bytearray | memoryview  # a GET's own buffer is a bytearray: no copy
 
 
 @dataclass(frozen=True, slots=True)

@@ -48,7 +48,7 @@ class DiskCache:
     async def put(self, want: Want, data: Bytes) -> None:
         """Write a whole chunk a tier below answered (`fill`: room, admission, index)."""
         assert want.whole, "the disk tier keeps whole chunks"
-        await self.cache.fill(want.obj, want.ckey, data, tenant=want.tenant)  # type: ignore[arg-type]
+        await self.cache.fill(want.obj, want.ckey, data, tenant=want.tenant)
 
 
 def blocks(cache: ChunkCache, chunk_size: int, want: Want) -> tuple[int, int, int]:

@@ -181,7 +181,7 @@ class Prefetcher:
         return in_memory or self.memory.reserve(length)
 
     def _hold(self, pat: ReadPattern, index: int, ckey: bytes,
-              data: bytes | memoryview | None = None) -> None:
+              data: bytes | bytearray | memoryview | None = None) -> None:
         """Hold chunk `index` for `pat` (the tier's entry, else `data`) if the tier keeps it."""
         if pat.closed:
             return
@@ -211,7 +211,7 @@ class Prefetcher:
                      reserved: bool) -> None:
         length = self.walk.chunk_length(obj, index)
 
-        def arrived(data: bytes | memoryview) -> None:
+        def arrived(data: bytes | bytearray | memoryview) -> None:
             """Its reserved room becomes its held entry (no await in between)."""
             nonlocal reserved
             if reserved:

@@ -28,7 +28,7 @@ class Flight:
     def __init__(self) -> None:
         self.done = trio.Event()  # the fetch ended (data is set if it succeeded)
         self.stored = trio.Event()  # ...and the disk tier has the chunk (or will not)
-        self.data: bytes | memoryview | None = None
+        self.data: bytes | bytearray | memoryview | None = None
         self.source = "backend"  # or "peer": where the bytes came from
         self.joined = 0  # readers' first accesses that joined this flight: heat for the fill
         # a reader waits on this (read-ahead) flight: if it fails, the failure is the

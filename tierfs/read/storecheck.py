@@ -44,7 +44,8 @@ class StoreChecks:
         self._heads: dict[tuple[str, str], trio.Event] = {}
         self.heads = 0  # HEADs sent (for tests and docs: one per object version)
 
-    async def agree(self, obj: ObjectVersion, index: int, data: bytes | memoryview) -> bool:
+    async def agree(self, obj: ObjectVersion, index: int,
+                    data: bytes | bytearray | memoryview) -> bool:
         """False when a checksum the store keeps for these bytes disagrees with them; True
         when it agrees or nothing the store keeps covers them."""
         start = index * self.chunk_size

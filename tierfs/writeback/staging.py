@@ -29,7 +29,7 @@ from .dirty import DirtyFile, State, staging_io, uncover
 
 log = logging.getLogger("tierfs.writeback")
 
-ReadBase = Callable[[ObjectVersion, int], Awaitable[bytes | memoryview]]
+ReadBase = Callable[[ObjectVersion, int], Awaitable[bytes | bytearray | memoryview]]
 
 
 class Staging:
@@ -128,7 +128,7 @@ class Staging:
     async def read(self, d: DirtyFile, offset: int, size: int) -> bytes:
         end = min(offset + size, d.size)
         cs = self.chunk_size
-        out: list[bytes | memoryview] = []
+        out: list[bytes | bytearray | memoryview] = []
         for index in range(offset // cs, (max(end, offset + 1) - 1) // cs + 1):
             lo, hi = max(offset, index * cs), min(end, (index + 1) * cs)
             if lo >= hi:
