@@ -1,19 +1,16 @@
-"""Run a real tierfs mount in a subprocess for integration tests.
+"""Real tierfs mounts in subprocesses for integration tests: the suite's one mount harness.
 
-    from mounting import Mount
-    with Mount(rgw, f"s3://{bucket}", tmp_path / "mnt", tmp_path / "cache") as m:
-        data = (m.path / "a/b.bin").read_bytes()
-        assert m.counter("tierfs_backend_requests_total", op="get") == 1
-    # leaving the block unmounts (fusermount3 -u) and waits for the daemon to exit
+    def test_reads(rgw, bucket, mounts):     # `mounts`: a Mounts of tests/conftest.py
+        with mounts.start("--chunk-size", "1M") as m:
+            data = (m.path / "a/b.bin").read_bytes()
+            assert m.counter("tierfs_backend_requests_total", op="get") == 1
+        # leaving the block unmounts (fusermount3 -u) and waits for the daemon to exit
 
-The daemon runs `python -m tierfs mount SOURCE MOUNTPOINT --foreground ...` with
-env=s3_env(rgw) (credentials never on argv); its stdout+stderr go to a log file next to the
-mountpoint (log_text()).
-
-`Mounts` below is the one mount harness of the suite (the `mounts` fixture of
-tests/conftest.py makes one per test): N daemons of a bucket under one folder, with options,
-through a fault proxy, as a second user; every daemon stopped at the end, and when the
-test failed the tail of each daemon's log and the proxy's counters printed.
+`Mounts` runs N daemons of a bucket under one folder, with options, through a fault proxy,
+as a second user; every daemon is stopped at the end, and when the test failed the tail of
+each daemon's log and the proxy's counters are printed. Each daemon is a `Mount`: `python
+-m tierfs mount SOURCE MOUNTPOINT --foreground ...` with env=s3_env(rgw) (credentials never
+on argv), its stdout+stderr in a log file next to the mountpoint (log_text()).
 """
 
 from __future__ import annotations
@@ -241,6 +238,7 @@ class Mount(Daemon):
         self.mountpoint = str(self.path)
         self.cache_dir = str(Path(cache_dir).absolute())
         self.extra_args = [str(a) for a in extra_args]
+        self.own_args = list(self.extra_args)  # those not the harness's (Mounts.again)
         self.metrics_port = metrics_port or free_port()
         self.log_path = Path(log_path) if log_path else self.path.with_name(
             self.path.name + ".tierfs.log")

@@ -3,11 +3,11 @@ session's Ceph RGW (tests/faults/proxy.py; docs/testing.md, "fault proxy").
 
   proxy    (function) a FaultProxy in front of `rgw`: inject(), down()/up(), heal(), counters
   s3       a boto3 client of the RGW itself (not through the proxy): what the bucket holds
-  mounts   (function) foreground tierfs mounts of `bucket` through `proxy`, with short
-           backend timeouts (fkit.FAST):  m = mounts.start("--writeback")
+  mounts   (function) the mount harness (mounting.Mounts) of `bucket` through `proxy`,
+           with short backend timeouts (fkit.FAST):  m = mounts.start("--writeback")
            m2 = mounts.again(m)  (same dirs and arguments, once m is stopped)
            At teardown the proxy is healed first, then every mount is stopped; when the test
-           failed, the tail of each daemon log is printed.
+           failed, the tail of each daemon log and the proxy's counters are printed.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import pytest
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # `import proxy, fkit`
 
 import fkit  # noqa: E402
+from mounting import Mounts  # noqa: E402
 from proxy import FaultProxy  # noqa: E402
 
 
@@ -39,20 +40,6 @@ def s3(rgw):
 
 @pytest.fixture
 def mounts(rgw, proxy, bucket, tmp_path, request):
-    mounter = fkit.Mounter(rgw, proxy, bucket, tmp_path)
-    try:
-        yield mounter
-    finally:
-        proxy.heal()  # a store that answers again lets every mount stop cleanly
-        mounter.stop_all()
-        rep = getattr(request.node, "rep_call", None)
-        if rep is not None and rep.failed:
-            seen = set()
-            for m in mounter.all:
-                if m.log_path in seen:
-                    continue
-                seen.add(m.log_path)
-                print(f"----- tail of {m.log_path}")
-                print(fkit.tail(m.log_text(), 80))
-            print(f"----- proxy: requests {proxy.requests_by_op()}, "
-                  f"faults {proxy.injected_by_kind()}")
+    with Mounts.of_test(request, rgw, bucket, tmp_path, proxy=proxy, args=fkit.FAST,
+                        timeout=60.0) as harness:
+        yield harness

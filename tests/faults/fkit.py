@@ -10,12 +10,10 @@ Every mount gets short backend timeouts (FAST) so a fault costs seconds, not min
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import hashlib
 import os
 import random
-import signal
 import subprocess
 import sys
 import time
@@ -28,7 +26,8 @@ for _p in (_TESTS, os.path.join(_TESTS, "fuse")):
         sys.path.append(_p)
 
 from helpers import drop_page_cache  # noqa: E402
-from mounting import Mount, free_port, is_mounted  # noqa: E402
+from mounting import (  # noqa: E402,F401 - ThroughProxy, tail: for the tests
+    ThroughProxy, free_port, is_mounted, pid_alive, stop_pid, tail)
 from rgw import s3_env  # noqa: E402
 
 KiB = 1 << 10
@@ -84,28 +83,6 @@ def write_file(path: os.PathLike | str, data: bytes, *, fsync: bool = False,
         os.close(fd)
 
 
-class ThroughProxy:
-    """The `rgw` fixture object as a Mount sees it, with the proxy's endpoint: tierfs gets
-    --endpoint-url of the proxy and the RGW's credentials."""
-
-    def __init__(self, rgw, proxy) -> None:
-        self._rgw = rgw
-        self._proxy = proxy
-
-    @property
-    def endpoint(self) -> str:
-        return self._proxy.endpoint
-
-    def client(self, **config):
-        """A boto3 client of the RGW that talks through the proxy."""
-        from rgw import RGW
-
-        return RGW.client(self, **config)
-
-    def __getattr__(self, name: str):
-        return getattr(self._rgw, name)
-
-
 def alive(m) -> bool:
     return m.alive() and is_mounted(m.mountpoint)
 
@@ -115,10 +92,6 @@ def assert_alive(m, what: str = "") -> None:
                        f"{m.proc.poll()}); log tail:\n{tail(m.log_text())}")
     assert is_mounted(m.mountpoint), f"{m.mountpoint} is no longer mounted"
     os.stat(m.mountpoint)  # the mount answers (not ENOTCONN)
-
-
-def tail(text: str, n: int = 40) -> str:
-    return "\n".join(text.splitlines()[-n:])
 
 
 def log_lines(text: str, *levels: str) -> list[str]:
@@ -182,42 +155,6 @@ def open_uploads(client, bucket: str) -> list[str]:
 
 
 # ------------------------------------------------------------------ mounts
-class Mounter:
-    """Foreground mounts of one bucket through the proxy (see conftest.py `mounts`)."""
-
-    def __init__(self, rgw, proxy, bucket: str, tmp_path: Path) -> None:
-        self.rgw = rgw
-        self.via = ThroughProxy(rgw, proxy)
-        self.bucket = bucket
-        self.tmp = tmp_path
-        self.all: list[Mount] = []
-
-    def start(self, *extra: str, cache: str = "cache", mnt: str = "mnt", direct: bool = False,
-              timeout: float = 60.0) -> Mount:
-        """A mount with FAST timeouts plus `extra`; direct=True bypasses the proxy."""
-        m = Mount(self.rgw if direct else self.via, f"s3://{self.bucket}", self.tmp / mnt,
-                  self.tmp / cache, [*FAST, *extra], start=False, timeout=timeout,
-                  log_path=self.tmp / f"{mnt}.tierfs.log")
-        self.all.append(m)
-        m.start()
-        return m
-
-    def again(self, m: Mount, *, timeout: float = 60.0) -> Mount:
-        """A new mount like `m` (mountpoint, cache dir, arguments, log) once `m` is gone."""
-        new = Mount(m.rgw, m.source, m.path, m.cache_dir, m.extra_args, log_path=m.log_path,
-                    start=False, timeout=timeout)
-        self.all.append(new)
-        new.start()
-        return new
-
-    def stop_all(self) -> None:
-        for m in reversed(self.all):
-            try:
-                m.stop()
-            except Exception as e:  # keep stopping the others
-                print(f"stopping {m.mountpoint}: {e!r}")
-
-
 class BackgroundMount:
     """`tierfs mount` as a user runs it: no --foreground, the daemon detaches and logs to
     CACHE_DIR/tierfs.log. Stopped by PID (read from the cache dir's lock file)."""
@@ -240,13 +177,7 @@ class BackgroundMount:
                 self.pid = int(f.read().strip())
 
     def alive(self) -> bool:
-        if self.pid is None:
-            return False
-        try:
-            with open(f"/proc/{self.pid}/stat") as f:
-                return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-        except FileNotFoundError:
-            return False
+        return self.pid is not None and pid_alive(self.pid)
 
     def log_text(self) -> str:
         try:
@@ -261,14 +192,8 @@ class BackgroundMount:
         deadline = time.monotonic() + 30
         while self.alive() and time.monotonic() < deadline:
             time.sleep(0.1)
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            if not self.alive():
-                break
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(self.pid, sig)
-            deadline = time.monotonic() + 10
-            while self.alive() and time.monotonic() < deadline:
-                time.sleep(0.1)
+        if self.pid is not None:
+            stop_pid(self.pid, 10)
         if is_mounted(self.mountpoint):
             subprocess.run(["fusermount3", "-u", "-z", self.mountpoint],
                            stdin=subprocess.DEVNULL, capture_output=True, timeout=30)
