@@ -13,8 +13,9 @@ shard once (a cold epoch), each byte checked by sha256:
   reads (a DataLoader over shards);
 - `mmap`: 4 threads, each mapping its shards and reading them through the mapping.
 Cases: disk tiers larger than the data, half and a quarter of it, with the default 256 MiB
-memory tier; and a 64 MiB memory tier (smaller than chunk x read-ahead x readers: issue 26,
-M1) with a disk tier of half the data.
+memory tier; a 64 MiB memory tier (smaller than chunk x read-ahead x readers: issue 26,
+M1) with a disk tier of half the data; and a memory tier of one chunk per reader (32 MiB)
+with a disk tier of a quarter of the data (`--memory 32` runs only those).
 
 Prints per case the bytes downloaded (tierfs_backend_bytes_total) over the bytes read, the
 GETs, the reads that failed (EIO: there must be none), the daemon's peak RSS (VmHWM) and
@@ -96,6 +97,9 @@ class RatioBench:
         self.cases = [Case(p, c, 256 * MiB) for c in (2 * self.data, half, quarter)
                       for p in ("sequential", "loader")]
         self.cases += [Case(p, half, 64 * MiB) for p in ("sequential", "loader", "mmap")]
+        # about one chunk per reader in the memory tier and a disk tier smaller than the
+        # data: a reader's own chunk has nowhere to stay but with its reader
+        self.cases += [Case(p, quarter, READERS * 8 * MiB) for p in ("loader", "mmap")]
         self.results: list[Result] = []
 
     check_host = TenantsBench.check_host  # root, fuse, the memstore's RAM and a GiB
@@ -207,12 +211,16 @@ def main() -> int:
     ap.add_argument("--ref", metavar="GIT_REF",
                     help="run the daemons from a snapshot of this commit instead of the working tree")
     ap.add_argument("--keep", action="store_true", help="keep the work dir after the run")
+    ap.add_argument("--memory", type=int, metavar="MIB",
+                    help="only the cases with this memory tier size")
     args = ap.parse_args()
     run.stop_on_signals()
     root = tempfile.mkdtemp(prefix="tierfs-ratio.", dir="/tmp")
     started = datetime.datetime.now(datetime.timezone.utc)
     t0 = time.perf_counter()
     bench = RatioBench(4 if args.quick else args.shards, 32 * MiB, root)
+    if args.memory is not None:
+        bench.cases = [c for c in bench.cases if c.memory == args.memory * MiB]
     ok = run.drive(bench, root, args.ref, args.keep, f"work dir {root}")
     _, code = run.code_label(args.ref)
     header = (f"tierfs download-ratio bench {started:%Y-%m-%d %H:%M}Z  tierfs code: {code}  "

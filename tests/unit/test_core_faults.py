@@ -143,10 +143,10 @@ async def test_read_ahead_bug_is_reported_by_the_supervisor(tmp_path, caplog, mo
     async with rig as c:
         real = c.core.walk.read
 
-        async def buggy(want):
+        async def buggy(want, own=None):
             if want.background:
                 raise ExceptionGroup("nested", [InjectedBug("read-ahead bug")])
-            return await real(want)
+            return await real(want, own)
 
         monkeypatch.setattr(c.core.walk, "read", buggy)
         h = await read_first_chunk(c, "big", data)

@@ -75,7 +75,7 @@ async def test_filling_past_cache_size_never_exceeds_it(tmp_path, kind):
 
 
 async def test_concurrent_fills_never_exceed_cache_size(tmp_path):
-    # The Fetcher runs up to 4 fills at once (disk_writers). Each fill decides whether it
+    # The read walk runs up to 4 fills at once (disk_writers). Each fill decides whether it
     # fits before its write, but the bytes of the other fills in flight are not counted,
     # so together they can overshoot the budget.
     root = str(tmp_path)

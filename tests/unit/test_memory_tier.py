@@ -7,9 +7,9 @@ each one what the tier promises (tierfs/cache/memory.py):
 - entries, held entries and reservations together never pass the capacity, and its byte
   counts are the sums of what it holds;
 - nothing raises: a put or a reservation that cannot fit says False instead;
-- a reservation or a read-ahead's put (hold, ahead) never pushes out a held entry; a reader's
-  put takes held room only when the LRU has none left, never reserved bytes, and is kept
-  whenever reserved bytes leave room for it;
+- nothing pushes out a held entry or reserved bytes; a put is kept whenever held and
+  reserved bytes leave room for it (a reader whose chunk is not kept keeps it itself:
+  cache/tiers.py, OwnChunk);
 - every entry that leaves hands its buffer to `released` exactly once, and only then.
 """
 
@@ -51,24 +51,22 @@ class TierMachine(RuleBasedStateMachine):
         assert len(ids) == len(set(ids)), "an entry released twice"
         assert set(ids) == self.gone
 
-    @rule(key=KEYS, n=SIZES, hold=st.booleans(), ahead=st.booleans())
-    def put(self, key: tuple, n: int, hold: bool, ahead: bool) -> None:
+    @rule(key=KEYS, n=SIZES, hold=st.booleans())
+    def put(self, key: tuple, n: int, hold: bool) -> None:
         before, held = dict(self.owners), self._held()
         had = key in self.owners
         fits = (0 < self.tier.capacity
-                and n + self.tier._reserved <= self.tier.capacity)
+                and n + self.tier._reserved + self.tier._held_bytes <= self.tier.capacity)
         data = self._view(n)
-        kept = self.tier.put(key, data, hold=hold, ahead=ahead)
+        kept = self.tier.put(key, data, hold=hold)
         if had:
             assert kept  # kept as it was
         elif kept:
             self.owners[key] = data.obj
             before[key] = data.obj
         else:
-            assert hold or ahead or not fits, \
-                "a reader's chunk refused although reserved bytes left room"
-        if hold or ahead:  # a read-ahead never pushes out what another read ahead
-            assert held <= self._held()
+            assert not fits, "a chunk refused although held and reserved bytes left room"
+        assert held <= self._held(), "a put pushed out a held entry"
         self._after(before)
 
     @rule(key=KEYS)
@@ -132,7 +130,7 @@ def test_reservations_over_capacity_leave_puts_nothing_to_evict():
     assert tier.put((b"a", WHOLE), b"x" * 8) and tier.bytes == 40
 
 
-def test_a_held_entry_outlasts_read_ahead_and_leaves_for_a_reader_last():
+def test_a_held_entry_stays_until_it_is_read():
     tier = MemoryTier(30)
     assert tier.put((b"ahead", WHOLE), b"a" * 10, hold=True)
     assert tier.put((b"old", WHOLE), b"o" * 10)
@@ -141,9 +139,12 @@ def test_a_held_entry_outlasts_read_ahead_and_leaves_for_a_reader_last():
     assert tier.reserve(10) and tier.get((b"old", WHOLE)) is None  # the LRU's went
     assert not tier.reserve(1)
     tier.unreserve(10)
-    assert tier.put((b"reader", WHOLE), b"r" * 20)  # a reader's chunk: the oldest hold goes
-    assert tier.get((b"ahead", WHOLE)) is None and tier.get((b"next", WHOLE)) is not None
+    # a reader's chunk with no room is not kept (its reader keeps it: OwnChunk); the
+    # chunks read ahead stay until read
+    assert not tier.put((b"reader", WHOLE), b"r" * 20)
+    assert tier.get((b"ahead", WHOLE)) is not None and tier.get((b"next", WHOLE)) is not None
+    tier.unhold((b"ahead", WHOLE))
     tier.unhold((b"next", WHOLE))
-    assert tier.held_bytes == 0 and tier.put((b"x", WHOLE), b"x" * 10)
-    # released, it is the LRU's newest: the reader's older chunk left for x
-    assert tier.get((b"reader", WHOLE)) is None and tier.get((b"next", WHOLE)) is not None
+    assert tier.held_bytes == 0 and tier.put((b"reader", WHOLE), b"r" * 20)
+    # released, they are the LRU's: the older one left for the reader's chunk
+    assert tier.get((b"ahead", WHOLE)) is None and tier.get((b"next", WHOLE)) is not None

@@ -208,22 +208,21 @@ class ChunkCache:
         return data
 
     def keep(self, ckey: bytes, first: int, last: int, data: bytes | bytearray | memoryview, *,
-             whole: bool, ahead: bool = False) -> bool:
+             whole: bool) -> bool:
         """Put blocks first..last of a chunk (`whole`: all of it) in the memory tier, or
-        views of them, without a copy; False if the tier had no room (memory.py: reserved
-        bytes are not evictable, and a read-ahead's bytes, `ahead`, do not take held
-        ones' room)."""
+        views of them, without a copy; False if the tier had no room (memory.py: held
+        entries and reserved bytes are not evictable)."""
         if whole:
-            return self.memory.put((ckey, WHOLE), data, ahead=ahead)
+            return self.memory.put((ckey, WHOLE), data)
         if first == last:
-            return self.memory.put((ckey, first), data, ahead=ahead)
+            return self.memory.put((ckey, first), data)
         bs, view, kept = self.block_size, memoryview(data), True
         for i, b in enumerate(range(first, last + 1)):
-            kept &= self.memory.put((ckey, b), view[i * bs:(i + 1) * bs], ahead=ahead)
+            kept &= self.memory.put((ckey, b), view[i * bs:(i + 1) * bs])
         return kept
 
-    async def read(self, ckey: bytes, first: int, last: int, *, touch: bool,
-                   ahead: bool = False) -> tuple[bytes | bytearray | memoryview, str] | None:
+    async def read(self, ckey: bytes, first: int, last: int, *, touch: bool
+                   ) -> tuple[bytes | bytearray | memoryview, str] | None:
         """The memory tier, then the disk tier, for callers that know a chunk key only
         (tests, tools); the daemon reads through tierfs/read/walk.py."""
         data = self.read_memory(ckey, first, last)
@@ -234,7 +233,7 @@ class ChunkCache:
                 return None
             rec = self._index.get(ckey)
             whole = first == 0 and rec is not None and last == self.blocks_of(rec.length) - 1
-            self.keep(ckey, first, last, data, whole=whole, ahead=ahead)
+            self.keep(ckey, first, last, data, whole=whole)
         if touch:
             self.touch(ckey)
         return data, source

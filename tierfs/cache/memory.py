@@ -10,10 +10,10 @@ tier only absorbs re-reads.
 
 What the tier counts, and what may leave for what (issue 26, M1/M3):
 - entries in the LRU: evictable, oldest first;
-- held entries (`hold`): chunks read ahead and not read yet (prefetch.py). Never evicted
-  for another read-ahead or a reservation, so a read-ahead chunk is not pushed out before
-  its reader gets to it; only a reader's own chunk that finds no other room takes theirs
-  (a reader's bytes come before a guess);
+- held entries (`hold`): chunks read ahead and not read yet, and the chunk a sequential
+  reader is in (prefetch.py). Never evicted for anything, so no chunk leaves before its
+  reader gets to it; a chunk that finds no room is not kept here, and the reader that
+  fetched it keeps it itself while it reads it (cache/tiers.py, OwnChunk: issue 26, M3);
 - reserved bytes (`reserve`): a GET or a big disk read in flight, whose bytes arrive into
   a buffer and are `put` then. Never evictable: they are not entries.
 Their sum never passes the capacity: a reservation or a put that cannot fit after
@@ -59,22 +59,17 @@ class MemoryTier:
         entry = self._held.get(key)
         return None if entry is None else entry[0]
 
-    def put(self, key: Key, data: Block, *, hold: bool = False, ahead: bool = False) -> bool:
+    def put(self, key: Key, data: Block, *, hold: bool = False) -> bool:
         """Keep `data` under `key` (held, with `hold`: a read-ahead's chunk); False when it
         was not kept. A key already kept is kept as it is (keys are versioned: the same
-        bytes), held once more with `hold`. Room comes from the LRU, oldest first; a
-        reader's put then takes held entries' room, oldest first, a read-ahead's (`ahead`,
-        or `hold`) never; reserved bytes are never taken."""
+        bytes), held once more with `hold`. Room comes from the LRU, oldest first; held
+        entries and reserved bytes are never taken."""
         if self._keep(key, hold):
             return True
         n = len(data)
-        spare = hold or ahead  # what it may not take: reserved bytes, held ones if spared
-        if (self.capacity <= 0
-                or n + self._reserved + (self._held_bytes if spare else 0) > self.capacity):
+        if self.capacity <= 0 or n + self._reserved + self._held_bytes > self.capacity:
             return False
         self._evict_lru(n)
-        while self._over(n):  # a reader's put only (the check above): held entries go
-            self._pop(next(iter(self._held)))
         if hold:
             self._held[key] = [data, 1]
             self._held_bytes += n

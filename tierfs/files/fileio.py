@@ -38,6 +38,7 @@ import trio
 from ..backend.base import ObjectMeta
 from ..cache import ChunkCache, ObjectVersion
 from ..cache.tier import Want
+from ..cache.tiers import OwnChunk
 from ..errors import (
     BackendError,
     CrossDevice,
@@ -89,6 +90,7 @@ class OpenFile:
     # into each it has read. Bytes past that are that fetch's first delivery and count
     # where it came from; bytes before it are a re-read, and count where they are now.
     delivered: dict[int, int] = field(default_factory=dict)
+    own: OwnChunk | None = None  # the chunk it fetched and is reading (cache/tiers.py)
 
 
 class FileIO:
@@ -319,8 +321,10 @@ class FileIO:
             if w > longest:
                 longest, delay = w, "queue"
             t = perf_counter()
+            if h.own is None:
+                h.own = OwnChunk(self.cache, cs)
             got = await self.walk.read(Want(obj, index, first, last, access=first_access,
-                                            tenant=h.tenant))
+                                            tenant=h.tenant), h.own)
             source = tier = got.source
             brought = None  # where a fetch for this handle brought the chunk from
             if got.fetched:

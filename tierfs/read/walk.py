@@ -17,7 +17,6 @@ on the ETag the chunk key was made from, so a chunk is always bytes of its versi
 
 from __future__ import annotations
 
-import dataclasses
 from typing import NamedTuple
 
 import trio
@@ -69,14 +68,17 @@ class TierWalk:
     def in_flight(self, ckey: bytes) -> bool:
         return ckey in self.flights
 
-    async def read(self, want: Want) -> Got:
-        """The wanted blocks of a chunk, from the nearest tier that has them."""
+    async def read(self, want: Want, own: Tier | None = None) -> Got:
+        """The wanted blocks of a chunk, from the nearest tier that has them. `own`: a
+        reader's own tier in front of the others (cache/tiers.py, OwnChunk), which gets
+        the whole chunk when it is fetched."""
         ckey, access, fetched = want.ckey, want.access, False
+        cached = self.cached if own is None else [own, *self.cached]
         while True:
-            for level, tier in enumerate(self.cached):
+            for level, tier in enumerate(cached):
                 data = await tier.get(want)
                 if data is not None:
-                    for upper in self.cached[:level]:
+                    for upper in cached[:level]:
                         await upper.put(want, data)
                     if access:
                         self.cache.touch(ckey)
@@ -88,6 +90,8 @@ class TierWalk:
                                           f"{want.index * self.chunk_size}")
                 if self._unstored < self.max_unstored:
                     data, source = await self._fly(want)
+                    if own is not None:
+                        await own.put(Want(want.obj, want.index), data)
                     return Got(self._blocks(want, data), source, True)
                 # the disk tier is behind: wait for it, then look again (another caller
                 # may have fetched this chunk meanwhile)
@@ -100,6 +104,8 @@ class TierWalk:
                 flight.reader_waiting = True
             await flight.done.wait()
             if flight.data is not None:
+                if own is not None:
+                    await own.put(Want(want.obj, want.index), flight.data)
                 return Got(self._blocks(want, flight.data), flight.source, True)
             # failed (each waiter tries for itself), or a warm stored it without bytes
 
@@ -145,13 +151,11 @@ class TierWalk:
         raise AssertionError("the store is the last source and always answers")
 
     async def _keep_fetched(self, whole: Want, data: Bytes, flight: Flight) -> None:
-        """The cache tiers keep a fetched chunk: the memory tier now (no await before it:
-        a read-ahead's bytes no reader waits for yet take no room held for readers), the
+        """The cache tiers keep a fetched chunk: the memory tier now (if it has room), the
         disk tier in the background. The flight, holding the bytes, stays until the disk
         tier has them: with a small or no memory tier, a reader arriving meanwhile must not
         fetch the chunk again (a flight left unstored was held for good: issue 26, M2)."""
-        ahead = whole.background and not flight.reader_waiting
-        await self.memory.put(dataclasses.replace(whole, background=ahead), data)
+        await self.memory.put(whole, data)
         self._unstored += 1
         self._tasks.spawn("fill", self._store, whole, data, flight)
 
