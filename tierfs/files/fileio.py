@@ -249,14 +249,13 @@ class FileIO:
             # nothing of the old version served yet: move to the newest, where its reads
             # cannot meet pages of another version (pagecache.py)
             node = self.ns.inode(ino)
-            if node.etag == newest and self.pages.may_move(ino, fh, newest):
+            if node.etag == newest and self._may_move(h, node):
                 h.node, h.obj = node, self._version(node)
         try:
             data = await self._read(h, offset, size)
         except PreconditionFailed:
             node = await self.ns.refresh(h.node)
-            if (h.served or node.etag == h.obj.etag
-                    or not self.pages.may_move(ino, fh, node.etag)):
+            if h.served or node.etag == h.obj.etag or not self._may_move(h, node):
                 raise StaleObject(f"{h.obj.key!r} changed while open; reopen it") from None
             log.info("%r changed before its first read; reading the new version", h.obj.key)
             h.node, h.obj = node, self._version(node)
@@ -280,6 +279,13 @@ class FileIO:
             if h.node.ino == ino and h.read_unsaved:
                 h.node, h.obj, h.read_unsaved = node, version, False
         self.pages.relabel(ino, version.etag, UNSAVED)
+
+    def _may_move(self, h: OpenFile, node: Inode) -> bool:
+        """Whether a handle that served nothing may read `node`'s version instead of its
+        own: one of the same size (the kernel keeps the size it was told at the open and
+        would cut a read of a longer version there, or read past a shorter one's end)
+        whose reads cannot meet pages of another version (pagecache.py)."""
+        return node.size == h.obj.size and self.pages.may_move(h.node.ino, h.fh, node.etag)
 
     def _uploaded(self, ino: int) -> None:
         """The unsaved data this node's handles of `ino` read is gone without a saved
