@@ -11,7 +11,8 @@ A peer that fails (no connection, wrong bytes) is marked down for a while, so re
 stop paying for it; one that does not answer in time is marked down after TIMEOUT_STRIKES
 timeouts in a row: an owner that is slow because it is fetching from a slow store for the
 whole fleet is not dead, and marking it down at once would send every node to the store
-(measured: 7.4x the checkpoint from the store at 512 MiB on 8 loaded nodes). A peer that
+(a checkpoint restored on a loaded fleet takes several times as long from the store
+alone). A peer that
 refuses (it does not mount the bucket, knows another version, is overloaded) is healthy
 and stays up.
 """

@@ -21,8 +21,8 @@ and never raised into the daemon's nursery.
 A chunk read ahead is held in the memory tier until its reader has read past it or closes
 (`MemoryTier.hold`): nothing else pushes it out before it is read, neither another
 read-ahead nor a GET in flight, so a cold pass downloads each chunk once (issue 26, M3:
-with 8 MiB chunks and LRU order, the next chunk a reader wanted was the oldest entry and
-went first: 1.2-1.4x of a data set downloaded per cold epoch). The chunk a sequential
+with LRU order the next chunk a reader wanted was the oldest entry and went first;
+figures in bench/README.md, "Download ratio"). The chunk a sequential
 reader is in is held too. Read-ahead holds at most AHEAD_SHARE of the tier (the rest is
 for readers' own chunks), each chunk's room reserved from its start (so no other GET
 takes it before the bytes arrive), and a handle at most its window plus the chunk it is in: where
