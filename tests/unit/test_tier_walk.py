@@ -115,3 +115,28 @@ async def test_a_failed_source_fails_the_read_and_is_remembered_briefly(tmp_path
             await c.walk.read(Want(obj, 0))
         assert near.gets == [0]
         assert not c.core.cache.has(obj.chunk_key(0))
+
+
+async def test_a_reader_keeps_the_chunk_it_fetched_while_it_reads_it(tmp_path, monkeypatch):
+    """Issue 26, M3: no memory tier to keep a fetched chunk and a disk tier that refuses it
+    (as admission does when the cache is full of hotter data): a handle reading the chunk
+    in pieces fetches it once, not once per piece (OwnChunk); elsewhere it lets it go."""
+    async with core(str(tmp_path), memory_bytes=0, readahead=1) as c:
+        data = write(c.src, "f", os.urandom(2 * CS))
+
+        async def refused(*args, **kwargs) -> None:
+            return None
+
+        monkeypatch.setattr(c.core.cache, "fill", refused)
+        node = await c.ns.lookup(1, b"f")
+        h, _ = await c.io.open(node.ino)
+        piece = CS // 4
+        for off in (3 * piece, 2 * piece, piece):  # backwards: no read-ahead starts
+            assert bytes(await c.io.read(h.fh, off, piece)) == data[off:off + piece]
+            await _stored(c)
+        assert c.gets() == 1
+        for off in (CS + 3 * piece, CS + piece):
+            assert bytes(await c.io.read(h.fh, off, piece)) == data[off:off + piece]
+            await _stored(c)
+        assert c.gets() == 2
+        await c.io.release(h.fh)
