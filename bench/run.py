@@ -351,7 +351,10 @@ def _pid_file(mountpoint: str) -> str:
 
 def _tierfs_cmd() -> list[str]:
     exe = os.path.join(os.path.dirname(sys.executable), "tierfs")
-    return [exe] if os.path.exists(exe) else [sys.executable, "-m", "tierfs"]
+    if Source.pythonpath or not os.path.exists(exe):
+        # a --ref snapshot: the console script's import path is the installed tree's
+        return [sys.executable, "-m", "tierfs"]
+    return [exe]
 
 
 class Source:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import struct
 from dataclasses import dataclass
+from functools import cached_property
 
 _IDX = struct.Struct(">I")
 
@@ -21,7 +22,7 @@ class ObjectVersion:
     etag: str
     size: int
 
-    @property
+    @cached_property  # a hash per read otherwise: computed once per version object
     def oid(self) -> bytes:
         return hashlib.blake2b(f"{self.bucket}\0{self.key}\0{self.etag}".encode(),
                                digest_size=16).digest()
