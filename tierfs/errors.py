@@ -121,7 +121,7 @@ class StoreDown(TierfsError):
 
 
 class RecentFailure(TierfsError):
-    """The same chunk failed a moment ago (tierfs/read/fetch.py): the kernel's immediate
+    """The same chunk failed a moment ago (tierfs/read/singleflight.py): the kernel's immediate
     re-asks of a failed read get EIO at once instead of waiting out the retries again."""
 
 

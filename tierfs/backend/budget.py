@@ -15,7 +15,7 @@ time to EIO"):
 3. S3Backend's deadline: no resume or refetch starts later than one GET's budget (1 plus
    the body stalling once) after the GET began, so 2 adds at most one more GET budget
    however often it happens: the worst case is two GET budgets.
-4. the kernel asks again for a read that failed (about 3 times); the fetcher's memo of
+4. the kernel asks again for a read that failed (about 3 times); the read walk's memo of
    failed chunks (tierfs/read/fetch.py, FAILED_MEMO_S) answers those re-asks with EIO at once.
 
 Not bounded by any of this: a store that keeps sending a few bytes at least once per

@@ -208,7 +208,7 @@ class AsyncBackend:
 
     async def get_into(self, key: str, start: int, buf: memoryview, etag: str | None, *,
                        background: bool = False, size: int | None = None) -> int:
-        """`get` into a buffer the caller gives (its body's length back): the fetcher's
+        """`get` into a buffer the caller gives (its body's length back): the read walk's
         reused buffers. The worker thread is never abandoned (trio.to_thread's default), so
         nothing writes into `buf` once this returns or raises, cancelled or not."""
         fn = functools.partial(self.sync.get_into, key, start, buf, etag, size=size)

@@ -39,7 +39,7 @@ from .keys import chunk_name
 
 _ALIGN = 4096
 _DIRECT_MIN = 1 << 20  # small chunks: buffered writes are cheaper than the copy
-_POOLED = 4  # aligned buffers kept for reuse (the Fetcher runs 4 disk writes at once)
+_POOLED = 4  # aligned buffers kept for reuse (the read walk runs 4 disk writes at once)
 _NOWAIT_MAX = 256 << 10  # bigger reads go to a worker thread: they would stall the trio
 #                          thread for milliseconds, and one hand-off per 8 MiB is cheap
 _FDS_MAX = 256  # chunk files kept open (a 2 GiB working set of 8 MiB chunks)
@@ -376,7 +376,7 @@ class DiskTier:
 
     def read_buffer(self, size: int) -> memoryview:
         """A writable view of `size` bytes of a reused read buffer (size >= REUSE_MIN), for a
-        GET's body (tierfs/read/fetch.py): a memory-tier entry of it comes back through `reuse`
+        GET's body (tierfs/read/sources.py): a memory-tier entry of it comes back through `reuse`
         like a disk read's, so a cold pass does not page-fault fresh memory in per chunk
         either. Release the writable view once filled; hand out read-only views only."""
         return memoryview(self._reads.take(size))[:size]

@@ -100,7 +100,7 @@ class MemoryTier:
     def reserve(self, n: int) -> bool:
         """Count `n` bytes about to arrive (a GET in flight) as kept, evicting LRU entries for
         them now: bytes in flight and entries together stay within capacity (the daemon's
-        peak RSS), and the entry that leaves gives its buffer to that very GET (fetch.py).
+        peak RSS), and the entry that leaves gives its buffer to that very GET (read/sources.py).
         False when nothing was counted: the bytes could never be kept, or held entries and
         other reservations leave no room (the caller goes on without the tier)."""
         if self.capacity <= 0 or n + self._reserved + self._held_bytes > self.capacity:

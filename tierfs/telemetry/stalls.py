@@ -2,7 +2,7 @@
 
 A read waits on a fetch when the chunk it needs is in no cache tier: it waits for its own
 GET (or for the flight of another reader that asked first), for a peer, or for the fetch
-queue (a read-ahead of that chunk already under way, or the fetcher holding new GETs back
+queue (a read-ahead of that chunk already under way, or the read walk holding new GETs back
 while the disk tier catches up). FileIO measures that wait per read (tierfs/files/fileio.py);
 past the threshold the read is a stall, and this module keeps what the report needs:
 
