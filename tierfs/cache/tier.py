@@ -20,6 +20,11 @@ from .keys import ObjectVersion
 Bytes = bytes | bytearray | memoryview  # a GET's own buffer is a bytearray: no copy
 
 
+def chunk_length(chunk_size: int, size: int, index: int) -> int:
+    """Bytes of chunk `index` of an object of `size` bytes (the last one may be short)."""
+    return max(0, min(chunk_size, size - index * chunk_size))
+
+
 class Want:
     """What a caller wants of one chunk: blocks first..last (the cache's block size;
     last -1: to the chunk's end) of chunk `index` of one object version. Made once per

@@ -9,7 +9,7 @@ that in the background, tierfs/read/walk.py).
 from __future__ import annotations
 
 from . import ChunkCache
-from .tier import Bytes, Want
+from .tier import Bytes, Want, chunk_length
 
 
 class MemoryCache:
@@ -88,6 +88,5 @@ class OwnChunk:
 
 def blocks(cache: ChunkCache, chunk_size: int, want: Want) -> tuple[int, int, int]:
     """The wanted blocks first..last (a `last` of -1 spelled out) and the chunk's last."""
-    length = max(0, min(chunk_size, want.obj.size - want.index * chunk_size))
-    final = cache.blocks_of(length) - 1
+    final = cache.blocks_of(chunk_length(chunk_size, want.obj.size, want.index)) - 1
     return want.first, final if want.last < 0 else want.last, final

@@ -8,15 +8,11 @@ from __future__ import annotations
 from ..backend.runner import AsyncBackend
 from ..cache import ChunkCache
 from ..cache.disk import REUSE_MIN
-from ..cache.tier import Bytes, Want
+from ..cache.tier import Bytes, Want, chunk_length
 from ..peers import PeerChunk, PeerTier
 from .storecheck import StoreChecks
 
 REFUTED_MAX = 64  # refuted chunks waiting for the store's bytes to blame their peer
-
-
-def chunk_length(chunk_size: int, want: Want) -> int:
-    return max(0, min(chunk_size, want.obj.size - want.index * chunk_size))
 
 
 class PeerSource:
@@ -73,7 +69,8 @@ class StoreSource:
         tier's size bounds GETs in flight too); a small one into new bytes (a 1 MiB
         mapping per small file would waste address space and map count)."""
         obj, background = want.obj, want.background
-        start, length = want.index * self.chunk_size, chunk_length(self.chunk_size, want)
+        start = want.index * self.chunk_size
+        length = chunk_length(self.chunk_size, obj.size, want.index)
         if length < REUSE_MIN:
             return await self.backend.get(obj.key, start, length, obj.etag,
                                           background=background, size=obj.size)

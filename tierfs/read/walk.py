@@ -23,13 +23,13 @@ import trio
 
 from ..backend.runner import AsyncBackend
 from ..cache import ChunkCache, Fill, ObjectVersion
-from ..cache.tier import Bytes, Tier, Want
+from ..cache.tier import Bytes, Tier, Want, chunk_length
 from ..cache.tiers import DiskCache, MemoryCache
 from ..errors import BackendError, CacheUnwritable, PreconditionFailed
 from ..peers import PeerTier
 from ..tasks import Tasks
 from .singleflight import FailureMemo, Flight, Flights
-from .sources import PeerSource, StoreSource, chunk_length
+from .sources import PeerSource, StoreSource
 from .storecheck import StoreChecks
 
 
@@ -63,7 +63,7 @@ class TierWalk:
         self.sources.insert(0, PeerSource(peers, self.store_checks, self.chunk_size))
 
     def chunk_length(self, obj: ObjectVersion, index: int) -> int:
-        return chunk_length(self.chunk_size, Want(obj, index))
+        return chunk_length(self.chunk_size, obj.size, index)
 
     def in_flight(self, ckey: bytes) -> bool:
         return ckey in self.flights
@@ -90,9 +90,7 @@ class TierWalk:
                                           f"{want.index * self.chunk_size}")
                 if self._unstored < self.max_unstored:
                     data, source = await self._fly(want)
-                    if own is not None:
-                        await own.put(Want(want.obj, want.index), data)
-                    return Got(self._blocks(want, data), source, True)
+                    return await self._fetched(want, own, data, source)
                 # the disk tier is behind: wait for it, then look again (another caller
                 # may have fetched this chunk meanwhile)
                 await self._stored_one.wait()
@@ -104,10 +102,14 @@ class TierWalk:
                 flight.reader_waiting = True
             await flight.done.wait()
             if flight.data is not None:
-                if own is not None:
-                    await own.put(Want(want.obj, want.index), flight.data)
-                return Got(self._blocks(want, flight.data), flight.source, True)
+                return await self._fetched(want, own, flight.data, flight.source)
             # failed (each waiter tries for itself), or a warm stored it without bytes
+
+    async def _fetched(self, want: Want, own: Tier | None, data: Bytes, source: str) -> Got:
+        """A whole fetched chunk: the reader's own tier keeps it; the wanted blocks."""
+        if own is not None:
+            await own.put(Want(want.obj, want.index), data)
+        return Got(self._blocks(want, data), source, True)
 
     def _blocks(self, want: Want, data: Bytes) -> Bytes:
         if want.whole:
