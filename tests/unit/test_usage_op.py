@@ -114,3 +114,28 @@ async def test_who_a_pod_is_is_in_the_index_when_the_publish_returns(tmp_path):
             await trio.to_thread.run_sync(lambda: ctl.request(mount, "pod", **forget))
             assert "pod/pod:0f0e" not in dict(c.core.meta.usage.records())
             nursery.cancel_scope.cancel()
+
+
+async def test_a_pod_is_named_even_when_the_index_cannot_be_written_now(tmp_path, caplog,
+                                                                         monkeypatch):
+    """The immediate write of who a pod is fails (a full or failing cache disk): the publish
+    still succeeds, one WARNING says so, and the periodic flush writes it later."""
+    async with core(str(tmp_path), chunk_size=64 << 10) as c:
+        usage = c.core.usage
+        real = usage.meta.usage.put
+
+        def failing(*args, **kwargs):
+            raise OSError(28, "No space left on device")
+
+        monkeypatch.setattr(usage.meta.usage, "put", failing)
+        async with trio.open_nursery() as nursery:
+            mount = await _serve(c, str(tmp_path / "mnt"), nursery, usage=usage)
+            fields = {"uid": "0f0f", "namespace": "team-b"}
+            reply = await trio.to_thread.run_sync(lambda: ctl.request(mount, "pod", **fields))
+            assert reply["namespace"] == "team-b"
+            assert usage.pod("0f0f").namespace == "team-b"
+            assert "could not be written to the index now" in caplog.text
+            monkeypatch.setattr(usage.meta.usage, "put", real)
+            await usage.flush()  # what the periodic flusher does
+            assert dict(usage.meta.usage.records())["pod/pod:0f0f"]["namespace"] == "team-b"
+            nursery.cancel_scope.cancel()
