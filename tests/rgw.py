@@ -16,6 +16,7 @@ Used by tests/conftest.py (fixtures `rgw`, `bucket`) and tests/mounting.py.
 from __future__ import annotations
 
 import atexit
+import json
 import os
 import shutil
 import signal
@@ -68,8 +69,10 @@ class RGW:
     access_key, secret_key, region, ca_bundle (None unless https), dir (the cluster's
     folder; daemon logs in dir/log, the HTTP access log in dir/log/client.rgw.gw.log)."""
 
-    def __init__(self, dir: str, values: dict[str, str], watchdog: subprocess.Popen):
+    def __init__(self, dir: str, values: dict[str, str], watchdog: subprocess.Popen,
+                 memstore_bytes: int):
         self.dir = dir
+        self.memstore_bytes = memstore_bytes
         self.endpoint = values["S3_ENDPOINT"]
         self.access_key = values["S3_ACCESS_KEY"]
         self.secret_key = values["S3_SECRET_KEY"]
@@ -78,6 +81,7 @@ class RGW:
         self._watchdog = watchdog
         self._stopped = False
         self._clients: list = []
+        self._health = None  # the client of answers()
 
     def __repr__(self) -> str:
         return f"RGW({self.endpoint}, dir={self.dir})"
@@ -121,6 +125,42 @@ class RGW:
         )
         self._clients.append(client)
         return client
+
+    def answers(self) -> bool:
+        """Whether the RGW answers a request within seconds (a full memstore hangs them)."""
+        if self._health is None:
+            self._health = self.client(connect_timeout=5, read_timeout=20,
+                                       retries={"mode": "standard", "max_attempts": 1})
+        try:
+            self._health.list_buckets()
+        except Exception:  # noqa: BLE001 - any failure: it does not answer
+            return False
+        return True
+
+    def restart(self) -> None:
+        """Replace the cluster with a new, empty one (a new port): this object then stands
+        for the new one."""
+        capacity = self.memstore_bytes
+        self.stop()
+        self.__dict__.update(start_rgw(capacity).__dict__)
+
+    def memstore_used(self) -> tuple[int, int]:
+        """(bytes used, capacity) of the OSD's memstore, from its admin socket."""
+        r = subprocess.run(["ceph", "--admin-daemon", os.path.join(self.dir, "run", "osd.0.asok"),
+                            "perf", "dump"], capture_output=True, text=True, timeout=30)
+        if r.returncode != 0:
+            raise RGWError(f"ceph perf dump of osd.0 failed: {r.stderr.strip()}")
+        osd = json.loads(r.stdout)["osd"]
+        return osd["stat_bytes_used"], osd["stat_bytes"]
+
+    def free_deleted(self) -> None:
+        """Free the data of deleted objects now, not at the next garbage collection (RGW
+        keeps it 60 s or more): memstore is RAM and every request hangs once it is full."""
+        r = subprocess.run(["radosgw-admin", "-c", os.path.join(self.dir, "ceph.conf"), "gc",
+                            "process", "--include-all"], capture_output=True, text=True,
+                           timeout=120)
+        if r.returncode != 0:
+            raise RGWError(f"radosgw-admin gc process failed: {r.stderr.strip()}")
 
     def stop(self) -> None:
         """Stop the daemons (exactly the PIDs start.sh recorded) and delete the folder.
@@ -204,7 +244,8 @@ def start_rgw(memstore_bytes: int = 3 << 30, *, parent_dir: str | None = None,
         watchdog = subprocess.Popen(["bash", "-c", _WATCHDOG, "rgw-watchdog", d, str(STOP_SH)],
                                     stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
                                     stderr=subprocess.DEVNULL, start_new_session=True)
-        started = RGW(d, _read_env_file(os.path.join(d, "env")), watchdog)
+        started = RGW(d, _read_env_file(os.path.join(d, "env")), watchdog,
+                      int(memstore_bytes))
         atexit.register(started.stop)
         return started
     finally:

@@ -27,11 +27,18 @@ import random
 import threading
 import time
 
+import pytest
+
 import fkit
 from fkit import KiB, MiB
 
 SECONDS = float(os.environ.get("TIERFS_SOAK_SECONDS", "60"))
 SEED = int(os.environ.get("TIERFS_SOAK_SEED", "9"))
+pytestmark = pytest.mark.timeout(900 + 2 * SECONDS)  # a long soak gets longer
+# bytes each writer writes before it keeps to small files: the run's RGW keeps its data in
+# RAM (a memstore of 3 GiB that hangs every request once nearly full), and a fast machine
+# writes more in the same seconds
+WRITE_BUDGET = int(os.environ.get("TIERFS_SOAK_WRITE_MIB", "384")) * MiB
 
 # (kind, op kinds, probability, extra parameters)
 FAULTS = [
@@ -111,12 +118,15 @@ class Soak:
 
     def writer(self, m, mode: str, rnd: random.Random) -> None:
         own: list[str] = []
-        n = 0
+        n = written = 0
         while time.monotonic() < self.deadline:
             n += 1
             key = f"{mode}/w{n:04}.bin"
             size = (rnd.randrange(9 * MiB, 11 * MiB) if n % 10 == 0  # multipart
                     else rnd.choice([0, 1, 4 * KiB, rnd.randrange(1, 1536 * KiB)]))
+            if written > WRITE_BUDGET:
+                size = min(size, 64 * KiB)
+            written += size
             data = fkit.payload(f"{SEED}.{key}", size)
             try:
                 fkit.write_file(m.path / key, data, fsync=rnd.random() < 0.2)

@@ -36,12 +36,15 @@ import random
 import threading
 import time
 
+import pytest
+
 import fkit
 from fkit import KiB, MiB
 from test_lost_checkpoints import bucket_objects, label, self_aborts, settle, status
 
 SECONDS = float(os.environ.get("TIERFS_WB_SOAK_S", "60"))
 SEED = int(os.environ.get("TIERFS_WB_SOAK_SEED", "25"))
+pytestmark = pytest.mark.timeout(900 + 2 * SECONDS)  # a long soak gets longer
 NAMES = [f"c{i:02}" for i in range(16)]
 ABSENT = None
 NO_COMPLETE = {"GET", "HEAD", "LIST", "PUT", "CreateMultipart", "UploadPart", "Abort",

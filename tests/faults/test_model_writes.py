@@ -80,6 +80,9 @@ UPLOAD_OPS = {"PUT", "CreateMultipart", "UploadPart", "Complete"}
 
 EXAMPLES = int(os.environ.get("TIERFS_MODEL_EXAMPLES", "0"))
 STEPS = int(os.environ.get("TIERFS_MODEL_STEPS", "15"))
+# a failing sequence shrinks for up to 2 x 120 s on top of its runs; a run made longer
+# with TIERFS_MODEL_EXAMPLES is not cut
+pytestmark = pytest.mark.timeout(0 if EXAMPLES else 1800)
 FIXED_SEEDS = {"default": 20250125, "writeback": 20250131}
 
 
