@@ -93,6 +93,10 @@ class Metrics:
         self.prefetch_dropped = Counter("tierfs_prefetch_dropped",
                                         "Read-ahead requests dropped because the queue was full",
                                         registry=r)
+        self.dir_readahead_files = Counter(
+            "tierfs_dir_readahead_files",
+            "Small files fetched before their open: their directory was read in order",
+            registry=r)
         self.warm_bytes = Counter("tierfs_warm_bytes",
                                   "Bytes downloaded by `tierfs warm` (also in backend_bytes)",
                                   registry=r)

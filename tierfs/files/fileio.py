@@ -54,6 +54,7 @@ from ..errors import (
 from ..index.attrs import MAX_FILE_SIZE, Attrs, without_privs
 from ..index.inodes import Inode
 from ..metrics import Metrics
+from ..read.dirahead import DirReadAhead
 from ..read.prefetch import Prefetcher, ReadPattern
 from ..read.walk import TierWalk
 from ..telemetry.callers import Callers
@@ -99,8 +100,9 @@ class FileIO:
                  writeback: WriteBack | None = None, rename_max_objects: int = 1000,
                  usage: Usage | None = None, callers: Callers | None = None,
                  tenant_of: Callable[[str], str] | None = None,
-                 stalls: StallLog | None = None) -> None:
+                 stalls: StallLog | None = None, dirahead: DirReadAhead | None = None) -> None:
         self.ns = namespace
+        self.dirahead = dirahead  # small files of a directory read in order: fetched ahead
         self.wb = writeback
         self.rename_max_objects = rename_max_objects
         self.cache = cache
@@ -137,6 +139,10 @@ class FileIO:
         reader = await self._reader(pid, uid)
         h = OpenFile(next(self._next_fh), node, self._version(node))
         self._attribute(h, reader)
+        if self.dirahead is not None and not flags & _WRITE_FLAGS and node.etag:
+            brought = self.dirahead.opened(node, h.obj, h.tenant)
+            if brought is not None:  # its first reads count where the fetch brought it from
+                h.pattern.fetched[0] = brought
         if flags & _WRITE_FLAGS:
             h.dirty = self._open_dirty(node, truncate=bool(flags & os.O_TRUNC))
             if flags & os.O_TRUNC:
@@ -396,7 +402,6 @@ class FileIO:
             raise FileTooBig(f"{h.node.key!r} would pass 5 TiB, S3's largest object")
         h.wrote = True
         n = await self._wb.write(h.dirty, offset, data)
-        self.pages.written(h.node.ino)
         self.pages.written(h.node.ino)
         mode = h.node.attrs.mode  # kept current by _set: no index read per write
         if mode is not None and without_privs(mode) != mode:

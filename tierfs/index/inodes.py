@@ -112,6 +112,22 @@ class InodeTable:
                         out.append((bytes(k[8:]), node))
         return out
 
+    def children_after(self, parent: int, name: bytes, limit: int) -> list[tuple[bytes, Inode]]:
+        """Up to `limit` children that follow `name` in the listing's (byte) order."""
+        prefix = u64(parent)
+        out: list[tuple[bytes, Inode]] = []
+        with self.env.begin() as txn:
+            cur = txn.cursor(db=self._dentries)
+            if not cur.set_range(prefix + name + b"\0"):  # the first name after `name`
+                return out
+            for k, v in cur:
+                if not k.startswith(prefix) or len(out) >= limit:
+                    break
+                node = self._load(txn, U64.unpack(v)[0])
+                if node is not None:
+                    out.append((bytes(k[8:]), node))
+        return out
+
     def dir_listed_at(self, ino: int) -> float | None:
         with self.env.begin(db=self._dirs) as txn:
             raw = txn.get(u64(ino))

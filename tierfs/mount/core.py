@@ -51,6 +51,7 @@ from ..index.meta import MetaStore
 from ..metrics import Metrics
 from ..peers import Membership, Peer, PeerClient, PeerServer, PeerTier
 from ..peers.wire import MAX_CHUNK
+from ..read.dirahead import DirReadAhead
 from ..read.prefetch import Prefetcher
 from ..read.walk import TierWalk
 from ..tasks import Tasks, sole_exception
@@ -224,7 +225,9 @@ def _wire(cfg: MountConfig, metrics: Metrics, backend: AsyncBackend, meta: MetaS
                       clock=clock)
     fileio = FileIO(ns, cache, walk, prefetcher, metrics, bucket=cfg.source.bucket,
                     writeback=wb, rename_max_objects=cfg.rename_max_objects, usage=usage,
-                    callers=Callers(), tenant_of=cfg.tenants.of, stalls=stalls)
+                    callers=Callers(), tenant_of=cfg.tenants.of, stalls=stalls,
+                    dirahead=DirReadAhead(meta.inodes, cache, walk, tasks, metrics,
+                                          max_bytes=cfg.readahead_chunks * cfg.chunk_size))
     warmer = Warmer(ns, cache, walk, metrics, bucket=cfg.source.bucket,
                     has_local_writes=wb.is_dirty)
     peers = _peer_tier(cfg, metrics) if cfg.peers is not None else None

@@ -43,7 +43,8 @@ def _op(name: str) -> Callable:
         async def handler(self: "FuseOps", *args: Any) -> Any:
             m = self.metrics
             t0 = time.perf_counter()
-            m.fuse_requests.labels(name).inc()
+            requests, seconds = self._counted(name)
+            requests.inc()
             try:
                 return await fn(self, *args)
             except pyfuse3.FUSEError as exc:
@@ -59,7 +60,7 @@ def _op(name: str) -> Callable:
                     log.debug("%s: %s", name, err)
                 raise pyfuse3.FUSEError(code) from None
             finally:
-                m.fuse_seconds.labels(name).observe(time.perf_counter() - t0)
+                seconds.observe(time.perf_counter() - t0)
 
         return handler
 
@@ -108,8 +109,18 @@ class FuseOps(pyfuse3.Operations):
         self.cache = cache
         self.metrics = metrics
         self._dirs: dict[int, list[tuple[bytes, Inode]]] = {}
+        self._ops: dict[str, tuple[Any, Any]] = {}  # op -> its request counter and timer
         self._next_dir = 1
         self._started = time.time()
+
+    def _counted(self, op: str) -> tuple[Any, Any]:
+        """The request counter and the timer of `op` (a labels() lookup per request costs
+        as much as the rest of a small cached read's bookkeeping)."""
+        got = self._ops.get(op)
+        if got is None:
+            m = self.metrics
+            got = self._ops[op] = (m.fuse_requests.labels(op), m.fuse_seconds.labels(op))
+        return got
 
     def _attrs(self, node: Inode) -> pyfuse3.EntryAttributes:
         a = pyfuse3.EntryAttributes()
