@@ -188,3 +188,20 @@ def test_sigterm_unmounts_cleanly_and_keeps_the_cache(rgw, bucket, mounts):
     with mounts.start() as m2:
         assert (m2.path / "t.bin").read_bytes() == data
         assert m2.counter("tierfs_backend_requests_total", op="get") == 0
+
+
+def test_a_folder_read_in_order_is_fetched_ahead_and_each_file_once(rgw, bucket, mounts):
+    # a loader walking an image folder, as `cat img/*` does: once its opens follow the
+    # listing, the next small files are fetched before their open (tierfs/read/dirahead.py)
+    objects = {f"img/{i:04}.jpg": payload(f"img{i}", 2000 + 37 * i) for i in range(120)}
+    put_many(rgw.client(), bucket, objects)
+    with mounts.start() as m:
+        for key in sorted(objects):
+            assert sha((m.path / key).read_bytes()) == sha(objects[key]), key
+        ahead = m.counter("tierfs_dir_readahead_files_total")
+        assert ahead >= 100  # all but the first few, and what the listing raced
+        # every object came from the store once: read ahead or by its own open, not both
+        assert m.counter("tierfs_backend_requests_total", op="get") == len(objects)
+        # and its bytes count as the store's, not as cache hits of what read-ahead brought
+        total = sum(len(v) for v in objects.values())
+        assert m.counter("tierfs_read_bytes_total", source="backend") == total
