@@ -574,7 +574,9 @@ class MountConfig(BaseModel):
         "how long \"hot\" is remembered by eviction and admission, at least: 12 x the time "
         "the node takes to read its cache's worth if longer")
     readahead_chunks: Annotated[Count, _count_range(1, 64)] = _field(
-        8, "int", "1 - 64", "chunks fetched ahead of a sequential reader")
+        8, "int", "1 - 64", "chunks fetched ahead of a sequential reader; also the bytes "
+        "of small files fetched ahead of a reader that opens a directory's files in "
+        "listing order")
     backend_concurrency: Annotated[Count, _count_range(1, 256)] = _field(
         16, "int", "1 - 256", "parallel requests to the object store")
     # parallel GETs of `tierfs warm`, on threads of their own (see backend/runner.py)
