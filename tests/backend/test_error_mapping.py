@@ -101,7 +101,7 @@ def test_every_exception_from_a_request_is_a_tierfs_error(b, monkeypatch, exc):
     def fail(**kw):
         raise exc
 
-    monkeypatch.setattr(b._s3, "get_object", fail)
+    monkeypatch.setattr(b, "_get_call", fail)
     with pytest.raises(TierfsError) as e:
         b.get("k", 0, 100, None)
     assert "'k' at 0" in str(e.value)
@@ -117,7 +117,7 @@ def test_a_client_error_keeps_its_meaning(b, monkeypatch):
         raise bex.ClientError({"Error": {"Code": "NoSuchKey"},
                                "ResponseMetadata": {"HTTPStatusCode": 404}}, "GetObject")
 
-    monkeypatch.setattr(b._s3, "get_object", missing)
+    monkeypatch.setattr(b, "_get_call", missing)
     with pytest.raises(NotFound):
         b.get("k", 0, 100, None)
 
@@ -145,7 +145,7 @@ def test_a_body_that_breaks_is_resumed_whatever_it_raised(b, monkeypatch, exc, h
         first = int(kw["Range"][len("bytes="):].split("-")[0])
         return response(first, Raw(DATA[first:]))
 
-    monkeypatch.setattr(b._s3, "get_object", get_object)
+    monkeypatch.setattr(b, "_get_call", get_object)
     if how == "get":
         got = bytes(b.get("k", 0, len(DATA), ETAG))
     else:
@@ -158,7 +158,7 @@ def test_a_body_that_breaks_is_resumed_whatever_it_raised(b, monkeypatch, exc, h
 
 
 def test_a_bug_while_reading_a_body_is_eio_not_a_crash(b, monkeypatch, caplog):
-    monkeypatch.setattr(b._s3, "get_object",
+    monkeypatch.setattr(b, "_get_call",
                         lambda **kw: response(0, Raw(DATA, cut=10, fail=KeyError("bug"))))
     with caplog.at_level(logging.ERROR, logger="tierfs.backend.s3"):
         with pytest.raises(BackendError) as e:
@@ -170,7 +170,7 @@ def test_a_bug_while_reading_a_body_is_eio_not_a_crash(b, monkeypatch, caplog):
 def test_a_store_that_ignores_the_range_is_refused(b, monkeypatch):
     whole = response(0, Raw(DATA))
     del whole["ContentRange"]  # a 200 with the whole object, asked for bytes from 100
-    monkeypatch.setattr(b._s3, "get_object", lambda **kw: whole)
+    monkeypatch.setattr(b, "_get_call", lambda **kw: whole)
     with pytest.raises(BackendError, match="ignored the Range"):
         b.get("k", 100, 50, None)
 

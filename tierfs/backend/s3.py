@@ -1,9 +1,11 @@
-"""S3 / Ceph RGW backend: the only module that imports boto3.
+"""S3 / Ceph RGW backend: with s3get.py, the only modules that import boto3.
 
 botocore does the retrying of requests (standard mode, bounded attempts, connect/read
-timeouts) so no call can hang. What botocore cannot retry is a GET body that breaks after
-the response began (FIN, RST or a timeout mid-body): this module continues it from the
-bytes received with a ranged GET pinned by If-Match to the same ETag, at most
+timeouts) so no call can hang; GETs go through s3get.py's LeanGet, which signs and
+retries them the same way at a third of botocore's CPU per request. What neither can
+retry is a GET body that breaks after the response began (FIN, RST or a timeout
+mid-body): this module continues it from the bytes received with a ranged GET pinned
+by If-Match to the same ETag, at most
 `max_attempts` times. A complete body is checked (tierfs/integrity.py) before it is
 returned and fetched again, at most INTEGRITY_RETRIES times, if it fails. Neither starts
 later than one GET's budget after the GET began (tierfs/backend/budget.py), which bounds
@@ -44,6 +46,7 @@ from ..errors import (
 )
 from .base import BackendEvents, ListPage, MultipartUpload, ObjectMeta
 from .budget import INTEGRITY_RETRIES, connect_timeout, get_budget
+from .s3get import LeanGet
 
 log = logging.getLogger(__name__)
 
@@ -137,6 +140,11 @@ class S3Backend:
         )
         session = boto3.session.Session()
         self._s3 = session.client("s3", endpoint_url=endpoint_url, config=config)
+        # GETs skip botocore's per-request machinery (s3get.py); tests replace this call
+        self._get_call: Callable[..., dict] = LeanGet(
+            session, self._s3, bucket, max_connections=max_connections,
+            connect_timeout_s=connect_timeout(timeout_s), read_timeout_s=timeout_s,
+            max_attempts=max_attempts).get_object
 
     def _error(self, exc: BaseException, what: str) -> TierfsError:
         """The tierfs error for anything a call into boto3 raised."""
@@ -298,7 +306,7 @@ class S3Backend:
         """The GetObject response; None for InvalidRange (416: the range starts at or past
         the end of the object, e.g. the first chunk of an empty object)."""
         try:
-            return self._s3.get_object(**kw)
+            return self._get_call(**kw)
         except bex.ClientError as exc:
             if exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") == 416:
                 return None

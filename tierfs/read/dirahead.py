@@ -8,8 +8,8 @@ of the next few), the files that come next in the listing are fetched at read-ah
 priority: 4 files ahead, doubling with each open that keeps to the order, at most 32 and
 at most `max_bytes` fetched and not yet opened over all directories, 8 fetches at once.
 An open that breaks the order stops it: what was not started yet is dropped (fetches
-under way finish, their bytes are cached). Only files of one chunk at most are fetched; a bigger one gets the
-sequential read-ahead of prefetch.py once it is read.
+under way finish, their bytes are cached). Only files of one chunk at most are fetched;
+a bigger one gets the sequential read-ahead of prefetch.py once it is read.
 
 DirPattern is the policy (pure: opens in, how many files to keep ahead out), DirReadAhead
 the mechanism: the index's listing (the directory must have been listed), the read walk.
