@@ -7,6 +7,9 @@ GET. Once two opens in a row in one directory follow its listing (the next entry
 of the next few), the files that come next in the listing are fetched at read-ahead
 priority: 4 files ahead, doubling with each open that keeps to the order, at most 32 and
 at most `max_bytes` fetched and not yet opened over all directories, 8 fetches at once.
+What it fetched is held in the memory tier until its file is opened (or the order
+breaks), so nothing evicts it first and it is never fetched twice; hence `max_bytes` is
+at most a quarter of the memory tier (AHEAD_SHARE), and without one nothing is fetched.
 An open that breaks the order stops it: what was not started yet is dropped (fetches
 under way finish, their bytes are cached). Only files of one chunk at most are fetched;
 a bigger one gets the sequential read-ahead of prefetch.py once it is read.
@@ -25,6 +28,7 @@ from collections import OrderedDict, deque
 import trio
 
 from ..cache import ChunkCache, ObjectVersion
+from ..cache.memory import WHOLE
 from ..cache.tier import Want
 from ..index.attrs import FILE
 from ..index.inodes import Inode, InodeTable
@@ -38,6 +42,7 @@ START = 4  # files kept ahead once two opens in a row followed the listing
 MAX_FILES = 32  # files kept ahead at most, per directory
 GAP = 2  # an open may skip this many entries (a file a loader filtered out) and follow
 MAX_DIRS = 64  # directories whose opens are followed at once (least recent forgotten)
+AHEAD_SHARE = 0.25  # of the memory tier (the chunk read-ahead may hold half)
 FETCHES = 8  # fetches under way at once; the others wait, and go when the order breaks
 
 
@@ -84,13 +89,15 @@ class DirReadAhead:
         self.walk = walk
         self.metrics = metrics
         self._tasks = tasks
-        self.max_bytes = max_bytes
+        self.memory = cache.memory
+        self.max_bytes = min(max_bytes, int(self.memory.capacity * AHEAD_SHARE))
         self._dirs: OrderedDict[int, _Dir] = OrderedDict()
         self._bytes = 0  # fetched ahead (or being fetched) and not opened yet
         # chunk key -> where its fetch brought it from ("backend", "peer"): the opener's
         # first reads of it count there (tierfs/files/fileio.py), not as cache hits
         self._brought: dict[bytes, str] = {}
         self._fetches = trio.CapacityLimiter(FETCHES)
+        self._held: dict[bytes, bool] = {}  # chunk keys held in the memory tier for an open
 
     def opened(self, node: Inode, obj: ObjectVersion, tenant: str | None) -> str | None:
         """A file was opened for reading: follow its directory's opens and keep files
@@ -127,7 +134,7 @@ class DirReadAhead:
         """The files up to `name` are opened or skipped: no longer ahead."""
         while d.ahead and d.ahead[0][0] <= name:
             passed, ckey, n = d.ahead.popleft()
-            self._bytes -= n
+            self._let_go(ckey, n)
             if passed != name:  # skipped: never opened (the opened one's is popped next)
                 self._brought.pop(ckey, None)
         if d.ahead_to is None or d.ahead_to < name:
@@ -136,9 +143,15 @@ class DirReadAhead:
     def _drop(self, d: _Dir) -> None:
         """Forget what was kept ahead (fetches under way finish: their bytes are cached)."""
         for _, ckey, n in d.ahead:
-            self._bytes -= n
+            self._let_go(ckey, n)
             self._brought.pop(ckey, None)
         d.ahead.clear()
+
+    def _let_go(self, ckey: bytes, n: int) -> None:
+        """A file is no longer ahead: its bytes are the memory tier's LRU's again."""
+        self._bytes -= n
+        if self._held.pop(ckey, False):
+            self.memory.unhold((ckey, WHOLE))
 
     def _fill(self, parent: int, d: _Dir, window: int, bucket: str,
               tenant: str | None) -> None:
@@ -177,6 +190,10 @@ class DirReadAhead:
                 # an open of it meets the same error on its own request and reports it
                 log.debug("read-ahead of %s failed: %s", obj.key, err)
                 return
-        if got.fetched and got.source in ("backend", "peer") and any(
-                n == name for n, _, _ in d.ahead):
+        if not any(n == name for n, _, _ in d.ahead):
+            return  # opened, or the order broke, while it was fetched
+        if got.fetched and got.source in ("backend", "peer"):
             self._brought[ckey] = got.source
+        key = (ckey, WHOLE)
+        if self.memory.hold(key) or self.memory.put(key, got.data, hold=True):
+            self._held[ckey] = True
