@@ -30,6 +30,7 @@ import boto3
 import botocore.exceptions as bex
 import urllib3.exceptions
 from botocore.config import Config
+from botocore.utils import get_environ_proxies
 
 from .. import integrity
 from ..errors import (
@@ -140,11 +141,15 @@ class S3Backend:
         )
         session = boto3.session.Session()
         self._s3 = session.client("s3", endpoint_url=endpoint_url, config=config)
-        # GETs skip botocore's per-request machinery (s3get.py); tests replace this call
-        self._get_call: Callable[..., dict] = LeanGet(
-            session, self._s3, bucket, max_connections=max_connections,
-            connect_timeout_s=connect_timeout(timeout_s), read_timeout_s=timeout_s,
-            max_attempts=max_attempts).get_object
+        # GETs skip botocore's per-request machinery (s3get.py), unless a proxy is set
+        # for the endpoint (botocore's proxy handling is not repeated there); tests
+        # replace this call
+        self._get_call: Callable[..., dict] = self._s3.get_object
+        if not get_environ_proxies(self._s3.meta.endpoint_url):
+            self._get_call = LeanGet(
+                session, self._s3, bucket, max_connections=max_connections,
+                connect_timeout_s=connect_timeout(timeout_s), read_timeout_s=timeout_s,
+                max_attempts=max_attempts).get_object
 
     def _error(self, exc: BaseException, what: str) -> TierfsError:
         """The tierfs error for anything a call into boto3 raised."""
