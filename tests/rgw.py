@@ -142,7 +142,7 @@ class RGW:
         for the new one."""
         capacity = self.memstore_bytes
         self.stop()
-        self.__dict__.update(start_rgw(capacity).__dict__)
+        self.__dict__.update(start_rgw(capacity, https=bool(self.ca_bundle)).__dict__)
 
     def memstore_used(self) -> tuple[int, int]:
         """(bytes used, capacity) of the OSD's memstore, from its admin socket."""
@@ -208,14 +208,15 @@ def _read_env_file(path: str) -> dict[str, str]:
 
 
 def start_rgw(memstore_bytes: int = 3 << 30, *, parent_dir: str | None = None,
-              timeout: float = 180.0) -> RGW:
+              timeout: float = 180.0, https: bool = False) -> RGW:
     """Start a Ceph RGW in a new temporary folder and return it; the caller must call stop().
 
     memstore_bytes: the OSD's capacity. The data lives in RAM (about 2x the stored bytes) and
     every request HANGS once it is nearly full; deleted data is freed only ~1-2 min later.
+    https: serve TLS with a self-signed certificate (RGW.ca_bundle is its path).
     """
     d = tempfile.mkdtemp(prefix="tierfs-rgw.", dir=parent_dir)
-    env = dict(os.environ, MEMSTORE_BYTES=str(int(memstore_bytes)))
+    env = dict(os.environ, MEMSTORE_BYTES=str(int(memstore_bytes)), RGW_HTTPS=str(int(https)))
     started = None
     watchdog = None
     keep_logs = False
