@@ -291,6 +291,8 @@ def chunk_trace(keys_sizes: list[tuple[str, int]]) -> list[tuple]:
 
 
 class Rgw:
+    https = False  # serve TLS with a self-signed certificate (bench/write.py --https)
+
     def __init__(self, root: str, memstore_bytes: int) -> None:
         self.dir = os.path.join(root, "rgw")
         self.memstore_bytes = memstore_bytes
@@ -299,7 +301,8 @@ class Rgw:
 
     def start(self) -> None:
         script = os.path.join(REPO, "scripts", "ceph-rgw", "start.sh")
-        env = dict(os.environ, MEMSTORE_BYTES=str(self.memstore_bytes))
+        env = dict(os.environ, MEMSTORE_BYTES=str(self.memstore_bytes),
+                   RGW_HTTPS=str(int(self.https)))
         t0 = time.perf_counter()
         self.started = True  # start.sh kills its own daemons on failure; stop is safe
         r = subprocess.run(["bash", script, self.dir], env=env, capture_output=True, text=True,
@@ -337,7 +340,7 @@ class Rgw:
         return boto3.session.Session().client(
             "s3", endpoint_url=e["S3_ENDPOINT"], aws_access_key_id=e["S3_ACCESS_KEY"],
             aws_secret_access_key=e["S3_SECRET_KEY"], region_name=e.get("S3_REGION", "us-east-1"),
-            config=cfg)
+            config=cfg, verify=e.get("S3_CA_BUNDLE") or None)
 
 
 # ---------------------------------------------------------------------------------------
@@ -409,6 +412,8 @@ class TierfsMount:
         env = Source.env(dict(os.environ, AWS_ACCESS_KEY_ID=e["S3_ACCESS_KEY"],
                               AWS_SECRET_ACCESS_KEY=e["S3_SECRET_KEY"],
                               AWS_DEFAULT_REGION=e.get("S3_REGION", "us-east-1")))
+        if e.get("S3_CA_BUNDLE"):  # an https RGW's self-signed certificate
+            env["AWS_CA_BUNDLE"] = e["S3_CA_BUNDLE"]
         cmd = [*_tierfs_cmd(), "mount", f"s3://{BUCKET}", self.mnt,
                "--endpoint-url", e["S3_ENDPOINT"], "--cache-dir", self.cache_dir,
                "--cache-size", self.cache_size, "--memory-cache-size", self.memory_cache_size,

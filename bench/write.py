@@ -2,6 +2,7 @@
 """tierfs write benchmark: every tierfs write figure beside a ceiling measured in the same run.
 
     .venv/bin/python bench/write.py [--size-mib N] [--quick] [--repeat N] [--json FILE]
+                                    [--https]
 
 One command, like bench/run.py (whose RGW, mount, metrics, table and JSON helpers it
 imports): starts its own throw-away Ceph RGW, mounts tierfs (default mode and
@@ -651,8 +652,11 @@ def main() -> int:
                     help="after the measured passes, py-spy the daemon during one more "
                          "default-mode write (raw collapsed stacks + summary.txt into DIR)")
     ap.add_argument("--keep", action="store_true", help="keep the work dir after the run")
+    ap.add_argument("--https", action="store_true",
+                    help="the RGW serves TLS (a self-signed certificate): uploads go unsigned")
     args = ap.parse_args()
     run.stop_on_signals()
+    run.Rgw.https = args.https
     if args.profile:
         Profiler.out_dir = os.path.abspath(args.profile)
     root = tempfile.mkdtemp(prefix="tierfs-wbench.", dir="/tmp")
