@@ -97,7 +97,7 @@ class DirReadAhead:
         # first reads of it count there (tierfs/files/fileio.py), not as cache hits
         self._brought: dict[bytes, str] = {}
         self._fetches = trio.CapacityLimiter(FETCHES)
-        self._held: dict[bytes, bool] = {}  # chunk keys held in the memory tier for an open
+        self._held: set[bytes] = set()  # chunk keys held in the memory tier for their open
 
     def opened(self, node: Inode, obj: ObjectVersion, tenant: str | None) -> str | None:
         """A file was opened for reading: follow its directory's opens and keep files
@@ -150,7 +150,8 @@ class DirReadAhead:
     def _let_go(self, ckey: bytes, n: int) -> None:
         """A file is no longer ahead: its bytes are the memory tier's LRU's again."""
         self._bytes -= n
-        if self._held.pop(ckey, False):
+        if ckey in self._held:
+            self._held.discard(ckey)
             self.memory.unhold((ckey, WHOLE))
 
     def _fill(self, parent: int, d: _Dir, window: int, bucket: str,
@@ -173,7 +174,6 @@ class DirReadAhead:
                     continue
                 d.ahead.append((name, ckey, node.size))
                 self._bytes += node.size
-                self.metrics.dir_readahead_files.inc()
                 self._tasks.spawn("read-ahead", self._fetch, d, name, obj, ckey, tenant)
 
     async def _fetch(self, d: _Dir, name: bytes, obj: ObjectVersion, ckey: bytes,
@@ -190,10 +190,13 @@ class DirReadAhead:
                 # an open of it meets the same error on its own request and reports it
                 log.debug("read-ahead of %s failed: %s", obj.key, err)
                 return
+        fetched = got.fetched and got.source in ("backend", "peer")
+        if fetched:
+            self.metrics.dir_readahead_files.inc()
         if not any(n == name for n, _, _ in d.ahead):
             return  # opened, or the order broke, while it was fetched
-        if got.fetched and got.source in ("backend", "peer"):
+        if fetched:
             self._brought[ckey] = got.source
         key = (ckey, WHOLE)
         if self.memory.hold(key) or self.memory.put(key, got.data, hold=True):
-            self._held[ckey] = True
+            self._held.add(ckey)
