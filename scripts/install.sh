@@ -39,7 +39,8 @@ is_root() { [ "$(id -u)" = 0 ]; }
 
 # ---------------------------------------------------------------- apt packages
 # fuse3: fusermount3; libfuse3-dev pkg-config gcc (+ Python headers): pyfuse3 is sdist-only
-# on PyPI and is compiled at pip install time; ceph-*/radosgw/curl: scripts/ceph-rgw;
+# on PyPI and is compiled at pip install time; ceph-*/radosgw/curl: scripts/ceph-rgw
+# (openssl: its RGW_HTTPS=1 certificate, tests/backend/test_https.py);
 # slurm*/munge: the single-node Slurm the prolog/epilog tests start; systemd (systemd-analyze),
 # systemd-container + debootstrap: unit checks and the real systemd inside systemd-nspawn;
 # prometheus: promtool checks the recording and alerting rules (docs/prometheus/);
@@ -68,7 +69,7 @@ check_py() {  # fail early on an unusable interpreter, before installing anythin
 if venv_ok; then NEW_VENV=0; BASE_PY=$VENV/bin/python; else NEW_VENV=1; BASE_PY=$PY; fi
 
 missing=()
-for p in fuse3 libfuse3-dev pkg-config ceph-mon ceph-osd ceph-common radosgw curl \
+for p in fuse3 libfuse3-dev pkg-config ceph-mon ceph-osd ceph-common radosgw curl openssl \
          slurmctld slurmd slurm-client munge systemd systemd-container debootstrap \
          prometheus chromium; do
   pkg_installed "$p" || missing+=("$p")
