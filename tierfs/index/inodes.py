@@ -99,33 +99,25 @@ class InodeTable:
 
     def children(self, parent: int) -> list[tuple[bytes, Inode]]:
         """All children in stable (byte) order."""
-        prefix = u64(parent)
-        out = []
-        with self.env.begin() as txn:
-            cur = txn.cursor(db=self._dentries)
-            if cur.set_range(prefix):
-                for k, v in cur:
-                    if not k.startswith(prefix):
-                        break
-                    node = self._load(txn, U64.unpack(v)[0])
-                    if node is not None:
-                        out.append((bytes(k[8:]), node))
-        return out
+        return self._children_from(parent, b"", None)
 
     def children_after(self, parent: int, name: bytes, limit: int) -> list[tuple[bytes, Inode]]:
         """Up to `limit` children that follow `name` in the listing's (byte) order."""
+        return self._children_from(parent, name + b"\0", limit)  # no name holds a NUL
+
+    def _children_from(self, parent: int, start: bytes,
+                       limit: int | None) -> list[tuple[bytes, Inode]]:
         prefix = u64(parent)
         out: list[tuple[bytes, Inode]] = []
         with self.env.begin() as txn:
             cur = txn.cursor(db=self._dentries)
-            if not cur.set_range(prefix + name + b"\0"):  # the first name after `name`
-                return out
-            for k, v in cur:
-                if not k.startswith(prefix) or len(out) >= limit:
-                    break
-                node = self._load(txn, U64.unpack(v)[0])
-                if node is not None:
-                    out.append((bytes(k[8:]), node))
+            if cur.set_range(prefix + start):
+                for k, v in cur:
+                    if not k.startswith(prefix) or (limit is not None and len(out) >= limit):
+                        break
+                    node = self._load(txn, U64.unpack(v)[0])
+                    if node is not None:
+                        out.append((bytes(k[8:]), node))
         return out
 
     def dir_listed_at(self, ino: int) -> float | None:
