@@ -72,7 +72,7 @@ class _Flaky(http.server.BaseHTTPRequestHandler):
     fails = 0
     seen = 0
 
-    def do_GET(self):  # noqa: N802 - http.server's name
+    def do_GET(self):  # http.server's name
         cls = type(self)
         cls.seen += 1
         status, code = (503, "SlowDown") if cls.seen <= cls.fails else (404, "NoSuchKey")

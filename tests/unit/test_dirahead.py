@@ -8,8 +8,10 @@ import random
 import trio
 import trio.testing
 
+from tierfs.backend.file import FileBackend
 from tierfs.read.dirahead import MAX_FILES, START, DirPattern
 
+from faultkit import READS, FaultBackend, error
 from unitkit import core, resolve, sample, write
 
 KIB = 1 << 10
@@ -77,7 +79,7 @@ async def test_files_opened_in_listing_order_are_fetched_before_their_open(tmp_p
         files = folder(c.src, 40)
         await c.ns.listdir((await resolve(c.ns, "img")).ino)  # the directory is listed
         keys = sorted(files)
-        for i, key in enumerate(keys):
+        for key in keys:
             assert await cat(c, key) == files[key]
             await settled(c)
         # the first three opens wait for their own GET; after them, every file was in the
@@ -147,3 +149,45 @@ async def test_an_open_out_of_order_stops_what_was_not_started(tmp_path):
         # and none of the waiting ones started
         assert c.gets() <= gets + under_way + 1
         assert c.gets() < 6 + 32
+
+
+async def test_read_ahead_that_fails_leaves_each_open_to_fetch_its_own(tmp_path):
+    # the store refuses while read-ahead runs: nothing is reported as a bug, nothing
+    # stays held or counted ahead, and every file is read whole once the store answers
+    src = os.path.join(str(tmp_path), "src")
+    os.makedirs(src)
+    fb = FaultBackend(FileBackend(src), seed=3)
+    async with core(str(tmp_path), backend=fb, bucket=src) as c:
+        files = folder(src, 30)
+        await c.ns.listdir((await resolve(c.ns, "img")).ino)
+        keys = sorted(files)
+        for key in keys[:3]:
+            assert await cat(c, key) == files[key]
+        refused = fb.inject(READS, error("injected: read-ahead refused"))
+        ahead = c.core.fileio.dirahead
+        node = await resolve(c.ns, keys[3])
+        h, _ = await c.io.open(node.ino)  # starts fetches of the next files, all refused
+        await settled(c)
+        fb.remove(refused)
+        assert refused.fired > 0  # read-ahead was refused
+        assert await c.io.read(h.fh, 0, node.size) == files[keys[3]]
+        await c.io.release(h.fh)
+        for key in keys[4:]:
+            assert await cat(c, key) == files[key]
+        await settled(c)
+        assert c.internal_errors("read-ahead") == 0
+        assert ahead._bytes == 0 and c.cache_rig.memory.held_bytes == 0
+
+
+async def test_nothing_stays_held_once_the_folder_is_read(tmp_path):
+    async with core(str(tmp_path)) as c:
+        files = folder(c.src, 50)
+        await c.ns.listdir((await resolve(c.ns, "img")).ino)
+        for i, key in enumerate(sorted(files)):
+            assert await cat(c, key) == files[key]
+            if i % 7 == 0:
+                await settled(c)  # some fetches land before their open, some after
+        await settled(c)
+        ahead = c.core.fileio.dirahead
+        assert ahead._bytes == 0 and not ahead._held
+        assert c.cache_rig.memory.held_bytes == 0

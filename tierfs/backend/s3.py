@@ -152,7 +152,7 @@ class S3Backend:
         self._get_call: Callable[..., dict] = self._s3.get_object
         if not get_environ_proxies(self._s3.meta.endpoint_url):
             self._get_call = LeanGet(
-                session, self._s3, bucket, max_connections=max_connections,
+                session, self._s3, max_connections=max_connections,
                 connect_timeout_s=connect_timeout(timeout_s), read_timeout_s=timeout_s,
                 max_attempts=max_attempts).get_object
 

@@ -52,10 +52,8 @@ MAX_BACKOFF_S = 20.0
 
 
 class LeanGet:
-    def __init__(self, session: boto3.session.Session, client: Any, bucket: str, *,
-                 max_connections: int, connect_timeout_s: float, read_timeout_s: float,
-                 max_attempts: int) -> None:
-        self.bucket = bucket
+    def __init__(self, session: boto3.session.Session, client: Any, *, max_connections: int,
+                 connect_timeout_s: float, read_timeout_s: float, max_attempts: int) -> None:
         self.endpoint = client.meta.endpoint_url.rstrip("/")
         self.region = client.meta.region_name or "us-east-1"
         self.host = urlsplit(self.endpoint).netloc
@@ -140,9 +138,6 @@ class LeanGet:
                 key = hmac.new(key, part.encode(), hashlib.sha256).digest()
             self._keys = {(secret, day): key}  # one day's key at a time
         return key
-
-    def close(self) -> None:
-        self._pool.clear()
 
 
 def _answer(r: urllib3.BaseHTTPResponse) -> dict:

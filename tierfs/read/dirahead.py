@@ -126,7 +126,7 @@ class DirReadAhead:
         last = d.pattern.last
         if last is None or name <= last:
             return False
-        if any(n == name for n, _, _ in d.ahead):
+        if _ahead(d, name):
             return True
         return any(n == name for n, _ in self.inodes.children_after(parent, last, GAP + 1))
 
@@ -179,7 +179,7 @@ class DirReadAhead:
     async def _fetch(self, d: _Dir, name: bytes, obj: ObjectVersion, ckey: bytes,
                      tenant: str | None) -> None:
         async with self._fetches:
-            if not any(n == name for n, _, _ in d.ahead):
+            if not _ahead(d, name):
                 return  # the reader went elsewhere (or opened it) before it started
             try:
                 got = await self.walk.read(Want(obj, 0, background=True, tenant=tenant))
@@ -193,10 +193,17 @@ class DirReadAhead:
         fetched = got.fetched and got.source in ("backend", "peer")
         if fetched:
             self.metrics.dir_readahead_files.inc()
-        if not any(n == name for n, _, _ in d.ahead):
-            return  # opened, or the order broke, while it was fetched
+        if not _ahead(d, name) or ckey in self._held:
+            # opened, or the order broke, while it was fetched; or held already: a fetch
+            # queued for it before the order broke and another after it came back
+            return
         if fetched:
             self._brought[ckey] = got.source
         key = (ckey, WHOLE)
         if self.memory.hold(key) or self.memory.put(key, got.data, hold=True):
             self._held.add(ckey)
+
+
+def _ahead(d: _Dir, name: bytes) -> bool:
+    """Whether `name` is among the files kept ahead in `d`."""
+    return any(n == name for n, _, _ in d.ahead)
