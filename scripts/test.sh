@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # scripts/test.sh [PYTEST ARGS...] - install what is missing (scripts/install.sh), check
 # tierfs/ with ruff and mypy (settings: [tool.ruff], [tool.mypy] in pyproject.toml), then
-# run the test suite with the project's .venv. Default args: -q -p no:cacheprovider tests
+# run the test suite with the project's .venv. Default args: -q -p no:cacheprovider
+# --durations=30 tests (the 30 slowest are printed: where CI time goes)
 # Tests start their own throw-away Ceph RGW (tests/conftest.py fixture `rgw`); nothing
 # needs to be running beforehand. Exit code: pytest's, except "no tests collected" (5) -> 1;
 # a failed check turns a 0 into 1 (pytest still runs, so one run reports both).
@@ -17,7 +18,7 @@ echo "test: .venv/bin/ruff check tierfs"
 echo "test: .venv/bin/mypy tierfs"
 .venv/bin/mypy tierfs || failed_checks+=("mypy tierfs")
 
-[ "$#" -gt 0 ] || set -- -q -p no:cacheprovider tests
+[ "$#" -gt 0 ] || set -- -q -p no:cacheprovider --durations=30 tests
 echo "test: .venv/bin/python -m pytest $*"
 rc=0
 .venv/bin/python -m pytest "$@" || rc=$?

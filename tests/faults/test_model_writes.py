@@ -235,21 +235,28 @@ class Machine(RuleBasedStateMachine):
         except OSError as e:
             return None, e.errno
 
-    def settle(self, *names: str) -> None:
-        """Wait until A sees other clients' changes of these names (all if none given)."""
+    def settle(self, *names: str) -> bool:
+        """Wait until A sees other clients' changes of these names (all if none given).
+        False, without waiting, while the store is down and one of them changed: A serves
+        its last view of such a name (stale-on-error) until the store answers again, so
+        the caller skips its operation on it."""
         keys = names or tuple(self.window)
+        if self.outage is not None and any(n in self.window for n in keys):
+            return False
         until = max((self.window.get(n, 0.0) for n in keys), default=0.0)
         if until > time.monotonic():
             time.sleep(until - time.monotonic())
         for n in keys:
             self.window.pop(n, None)
             self.alt.pop(n, None)
+        return True
 
     def a_view(self, name: str) -> list[bytes | None]:
         """What A may read at `name` now."""
         f = self.ns.get(name)
         now = bytes(f.content) if f is not None else None
-        if name in self.window and self.window[name] > time.monotonic():
+        if name in self.window and (self.window[name] > time.monotonic()
+                                    or self.outage is not None):
             return [now, self.alt[name]]
         return [now]
 
@@ -333,7 +340,8 @@ class Machine(RuleBasedStateMachine):
     def open_for_writing(self, name, trunc):
         if not self.parent_ok(name):
             return
-        self.settle(name)
+        if not self.settle(name):
+            return
         f = self.ns.get(name)
         self.close_readers(f)
         flags = os.O_RDWR | os.O_CREAT | (os.O_TRUNC if trunc else 0)
@@ -430,7 +438,8 @@ class Machine(RuleBasedStateMachine):
         the proxy delays this key's uploads from now on, so the upload is still pending."""
         if not self.parent_ok(name) or len(self.handles) >= MAX_HANDLES:
             return
-        self.settle(name)
+        if not self.settle(name):
+            return
         f = self.ns.get(name)
         self.close_readers(f)
         held = held and self.c.mode == "writeback"
@@ -488,7 +497,8 @@ class Machine(RuleBasedStateMachine):
     def rename(self, src, dst):
         if src == dst or not self.parent_ok(src) or not self.parent_ok(dst):
             return
-        self.settle(src, dst)
+        if not self.settle(src, dst):
+            return
         f, g = self.ns.get(src), self.ns.get(dst)
         self.close_readers(f)
         self.close_readers(g)
@@ -511,7 +521,8 @@ class Machine(RuleBasedStateMachine):
     def unlink(self, name):
         if not self.parent_ok(name):
             return
-        self.settle(name)
+        if not self.settle(name):
+            return
         f = self.ns.get(name)
         self.close_readers(f)
         _, err = self.call(os.unlink, self.pa(name))
@@ -530,7 +541,8 @@ class Machine(RuleBasedStateMachine):
         f = self.ns.get(name)
         if f is None:
             return
-        self.settle(name)
+        if not self.settle(name):
+            return
         _, err = self.call(os.chmod, self.pa(name), mode)
         self.note(f"A chmod {name} {mode:o}: {self.res(err)}")
         if self.store_ok(err, "chmod"):
@@ -541,7 +553,8 @@ class Machine(RuleBasedStateMachine):
         f = self.ns.get(name)
         if f is None:
             return
-        self.settle(name)
+        if not self.settle(name):
+            return
         ns = sec * 10**9 + 123456789
         _, err = self.call(lambda: os.utime(self.pa(name), ns=(ns, ns)))
         self.note(f"A utime {name} {sec}.123456789: {self.res(err)}")
@@ -722,7 +735,8 @@ class Machine(RuleBasedStateMachine):
         """Another client overwrites (or deletes) the key, once A uploaded what it had."""
         if not self.other_client_ok(name):
             return
-        self.settle(name)
+        if not self.settle(name):
+            return
         self.drain()
         old = self.ns.get(name)
         before = self.a_view(name)
@@ -867,6 +881,10 @@ class Machine(RuleBasedStateMachine):
             p.remove(self.outage_rule)
         p.release()
         self.outage = None
+        # A may have served its old view of names other clients changed (stale-on-error),
+        # and the kernel keeps such an answer for a TTL
+        for n in self.window:
+            self.window[n] = max(self.window[n], time.monotonic() + TTL_A + MARGIN)
         modelkit.wait_up(self.c.a, 15)
 
     def drop_handles(self, crashed: bool) -> None:

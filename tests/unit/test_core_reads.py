@@ -14,7 +14,7 @@ from tierfs.errors import IsADirectory, NameTooLong, NotADirectory, NotFound, St
 from tierfs.index.inodes import ROOT_INO
 from tierfs.read.prefetch import ReadPattern
 
-from unitkit import core, resolve, sample, write
+from unitkit import FakeClock, core, resolve, sample, write
 
 KIB = 1 << 10
 CS = 64 * KIB
@@ -277,6 +277,23 @@ async def test_cache_survives_a_restart_with_zero_gets(tmp_path):
         assert await read_all(c.io, h.fh, len(data), step=5 * KIB) == data
         assert c.gets() == 0
         assert sample(c.metrics, "tierfs_read_bytes_total", {"source": "disk"}) == len(data)
+
+
+async def test_a_restart_asks_the_store_again_about_what_the_index_holds(tmp_path):
+    """The index outlives the daemon, but what it says is as old as the daemon that wrote
+    it: the object may have changed meanwhile (its last upload may even have completed
+    after a kill -9, found by tests/writes/test_crash.py). Within the TTL as the clock
+    goes, a restarted core still asks once, and opens the object's current version."""
+    old, new = os.urandom(3 * CS), os.urandom(2 * CS + 5)
+    async with core(str(tmp_path)) as c:
+        write(c.src, "f", old)
+        assert (await resolve(c.ns, "f")).size == len(old)
+    write(str(tmp_path / "src"), "f", new)  # while no daemon runs
+    async with core(str(tmp_path), clock=FakeClock(1_700_000_001.0)) as c:  # TTL is 60 s
+        node = await resolve(c.ns, "f")
+        assert node.size == len(new)
+        h, _ = await c.io.open(node.ino)
+        assert await read_all(c.io, h.fh, len(new)) == new
 
 
 # ---- changed objects --------------------------------------------------------------

@@ -161,6 +161,7 @@ async def core(tmp: str, *, chunk_size: int = 64 << 10, block_size: int = 16 << 
                readahead: int = 4, backend: Backend | None = None,
                bucket: str | None = None, root_prefix: str = "",
                statvfs: Callable[[str], os.statvfs_result] = plenty_of_space,
+               clock: FakeClock | None = None,
                **options: object) -> AsyncIterator[CoreRig]:
     """The core as the daemon builds it (tierfs.mount.core.build_core), with a fake clock and
     statvfs: the cache dir recovered, the journal recovered, background services running;
@@ -182,7 +183,7 @@ async def core(tmp: str, *, chunk_size: int = 64 << 10, block_size: int = 16 << 
         source = Source("s3", bucket, root_prefix)
     cfg = core_config(tmp, source=source, chunk_size=chunk_size, memory_bytes=memory_bytes,
                       cache_size=cache_size, ttl_s=ttl_s, readahead=readahead, **options)
-    clock = FakeClock()
+    clock = clock or FakeClock()
     async with build_core(cfg, backend, clock=clock, statvfs=statvfs, block_size=block_size,
                           index_map_size=64 << 20) as c:
         rig = CacheRig(cfg.effective_cache_dir, c.meta, c.disk, c.memory, c.evictor, c.cache,

@@ -119,7 +119,11 @@ class Namespace:
         self._stale_logged: dict[int, int] = {}
 
     def _fresh(self, stamp: float | None) -> bool:
-        return stamp is not None and self._clock() - stamp < self.ttl_s
+        """Confirmed by the store within the TTL, by this daemon: what an earlier one saw
+        may have changed while no daemon watched (its own last upload may even have
+        completed after it was killed), so after a restart every entry is asked once."""
+        return (stamp is not None and stamp >= self._started
+                and self._clock() - stamp < self.ttl_s)
 
     def _valid_name(self, name: str, key: str) -> bool:
         if name in ("", ".", "..") or len(name.encode()) > MAX_NAME or "\0" in name:
