@@ -1,6 +1,6 @@
 """Soak (issue 9): mixed cold reads, warm reads, default and --writeback writes through the
 fault proxy, with random faults of every kind (and one outage), for TIERFS_SOAK_SECONDS
-(default 60). At the end: both daemons alive, 0 wrong bytes served, 0 acknowledged files
+(default 40). At the end: both daemons alive, 0 wrong bytes served, 0 acknowledged files
 missing or different in the bucket once the store is healthy (without a remount), no
 multipart upload left (an upload whose Abort failed is left to the next mount's orphan
 cleanup: the test mounts once more if the unmount left one).
@@ -32,7 +32,7 @@ import pytest
 import fkit
 from fkit import KiB, MiB
 
-SECONDS = float(os.environ.get("TIERFS_SOAK_SECONDS", "60"))
+SECONDS = float(os.environ.get("TIERFS_SOAK_SECONDS", "40"))
 SEED = int(os.environ.get("TIERFS_SOAK_SEED", "9"))
 pytestmark = pytest.mark.timeout(900 + 2 * SECONDS)  # a long soak gets longer
 # bytes each writer writes before it keeps to small files: the run's RGW keeps its data in

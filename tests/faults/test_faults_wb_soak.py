@@ -2,7 +2,7 @@
 writes, renames (over pending files too) and deletes a small set of names while the proxy
 cycles faults: connections refused, hangs (dropped, never forwarded late), 503s, responses
 reset or closed mid-body, and outages (the store unreachable). TIERFS_WB_SOAK_S seconds
-(default 60); TIERFS_WB_SOAK_SEED picks the sequence.
+(default 40); TIERFS_WB_SOAK_SEED picks the sequence.
 
 The writer keeps a model of what each call returned (docs/semantics.md, "Writes"): a call
 that succeeded is what the name holds now; one that failed leaves the name as it was, or
@@ -42,7 +42,7 @@ import fkit
 from fkit import KiB, MiB
 from test_lost_checkpoints import bucket_objects, label, self_aborts, settle, status
 
-SECONDS = float(os.environ.get("TIERFS_WB_SOAK_S", "60"))
+SECONDS = float(os.environ.get("TIERFS_WB_SOAK_S", "40"))
 SEED = int(os.environ.get("TIERFS_WB_SOAK_SEED", "25"))
 pytestmark = pytest.mark.timeout(900 + 2 * SECONDS)  # a long soak gets longer
 NAMES = [f"c{i:02}" for i in range(16)]

@@ -1094,7 +1094,7 @@ def test_write_path_matches_the_model(mode, mounts, proxy, s3, bucket):
     random_seed = int(os.environ.get("TIERFS_MODEL_SEED") or random.randrange(1 << 31))
     print(f"model test, mode {mode}: fixed seed {fixed}, random seed {random_seed} "
           f"(TIERFS_MODEL_SEED={random_seed} replays it)")
-    _run(ctx, fixed, EXAMPLES or 5)
+    _run(ctx, fixed, EXAMPLES or 4)
     _run(ctx, random_seed, EXAMPLES or 3)
 
 
