@@ -8,7 +8,6 @@ import pytest
 from tierfs.cache import disk as disk_mod
 from tierfs.cache.disk import DiskTier, block_crcs
 from tierfs.cache.keys import ObjectVersion, chunk_index, chunk_name
-from tierfs.cache.residency import Residency
 from tierfs.errors import CacheCorrupt
 
 BS = 4096
@@ -137,60 +136,6 @@ def test_reads_from_the_page_cache_without_blocking_verify_too(disk):
     flip_byte(disk.path(ckey), 2 * BS + 1)  # in place: the kept fd sees it
     with pytest.raises(CacheCorrupt, match="block 2"):
         disk.read_cached(ckey, len(data), crcs, 1, 2)
-
-
-def _dropped(path):
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
-
-
-def test_pages_not_in_the_page_cache_are_not_tried_on_the_trio_thread(disk, tmp_path):
-    """A NOWAIT read of uncached pages starts their I/O before it fails (residency.py):
-    read_cached asks cachestat(2) first and leaves them to read_blocks untouched."""
-    residency = Residency()
-    if not residency.supported:
-        pytest.skip("no cachestat(2) on this kernel")
-    ckey, data, crcs = written(disk, length=8 * BS)
-    assert disk.read_blocks(ckey, len(data), crcs, 0, 7) == data  # keeps the fd open
-    _dropped(disk.path(ckey))
-    fd = os.open(disk.path(ckey), os.O_RDONLY)
-    try:
-        if residency.cached(fd, 0, len(data)) is not False:
-            pytest.skip("this filesystem keeps the pages (tmpfs)")
-        assert disk.read_cached(ckey, len(data), crcs, 2, 3) is None
-        for block in range(8):  # nothing was read in, not even by readahead
-            assert residency.cached(fd, block * BS, BS) is False
-        assert disk.read_blocks(ckey, len(data), crcs, 2, 3) == data[2 * BS:4 * BS]
-        assert residency.cached(fd, 2 * BS, 2 * BS) is True
-        got = disk.read_cached(ckey, len(data), crcs, 2, 3)  # cached now: served here
-        assert got is not None and got == data[2 * BS:4 * BS]
-    finally:
-        os.close(fd)
-
-
-def test_residency_counts_every_page_of_a_range(tmp_path):
-    residency = Residency()
-    if not residency.supported:
-        pytest.skip("no cachestat(2) on this kernel")
-    path = tmp_path / "f"
-    path.write_bytes(os.urandom(16 * BS))
-    _dropped(str(path))
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        if residency.cached(fd, 0, 16 * BS) is not False:
-            pytest.skip("this filesystem keeps the pages (tmpfs)")
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)  # no readahead: page 5 alone
-        os.pread(fd, 10, 5 * BS + 7)
-        assert residency.cached(fd, 5 * BS, BS) is True
-        assert residency.cached(fd, 5 * BS + 100, 50) is True  # within the page
-        assert residency.cached(fd, 5 * BS, BS + 1) is False  # reaches page 6
-        assert residency.cached(fd, 4 * BS + 4095, 2) is False  # starts in page 4
-    finally:
-        os.close(fd)
 
 
 def test_open_files_are_bounded_and_closed_when_chunks_go(tmp_path):

@@ -8,13 +8,12 @@ torn or bit-rotted file is simply dropped and fetched again.
 Reads: `read_cached` runs on the trio thread and answers only from the page cache
 (`preadv` with RWF_NOWAIT on a chunk file already open), so a warm read costs no thread
 hand-off; it returns None when the data is not there (EAGAIN, a short read, no open fd)
-and the caller runs `read_blocks` in a worker thread. Pages known not to be cached
-(residency.py) are not tried: a NOWAIT read would start their I/O on the trio thread.
-A big read (>= 1 MiB: whole chunks the Prefetcher loads) goes into a buffer reused from
-an earlier one that the memory tier let go (`_ReadBuffers`; `reuse` is non-blocking and
-called on the trio thread). Every other method blocks and runs in worker threads. Chunk
-files stay open in a bounded LRU of fds (`_Fds`), closed when the chunk is deleted or
-replaced, when it falls out of the LRU, and at `close()`.
+and the caller runs `read_blocks` in a worker thread. A big read (>= 1 MiB: whole chunks
+the Prefetcher loads) goes into a buffer reused from an earlier one that the memory tier
+let go (`_ReadBuffers`; `reuse` is non-blocking and called on the trio thread). Every
+other method blocks and runs in worker threads. Chunk files stay open in a bounded LRU
+of fds (`_Fds`), closed when the chunk is deleted or replaced, when it falls out of the
+LRU, and at `close()`.
 
 The CRCs are CRC32C (hardware, google_crc32c): meta.CHUNK_FORMAT 2. meta.py keeps the
 format in the index and drops the chunk records of any other (format 1 was zlib's CRC32)
@@ -37,7 +36,6 @@ import google_crc32c
 from ..cachedir import Layout
 from ..errors import CacheCorrupt
 from .keys import chunk_name
-from .residency import Residency
 
 _ALIGN = 4096
 _DIRECT_MIN = 1 << 20  # small chunks: buffered writes are cheaper than the copy
@@ -241,7 +239,6 @@ class DiskTier:
         self._buffers: queue.SimpleQueue[mmap.mmap] = queue.SimpleQueue()
         self._fds = _Fds(open_files)
         self._reads = _ReadBuffers(_REUSE_KEEP)
-        self._residency = Residency()  # read_cached's: the trio thread's only
         # a tier dropped without close() (a test's core) still closes its files
         self._finalizer = weakref.finalize(self, self._fds.close_all)
 
@@ -328,8 +325,6 @@ class DiskTier:
         if h is None:
             return None
         try:
-            if self._residency.cached(h.fd, start, want) is False:
-                return None  # a NOWAIT read would start the I/O here (residency.py)
             buf = bytearray(want)
             try:
                 got = os.preadv(h.fd, [buf], start, _RWF_NOWAIT)
