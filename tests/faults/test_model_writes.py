@@ -36,7 +36,7 @@ Longer runs: TIERFS_MODEL_EXAMPLES=200 (examples per seed), TIERFS_MODEL_STEPS (
 sequence, default 15), e.g.
     TIERFS_MODEL_EXAMPLES=200 .venv/bin/python -m pytest tests/faults/test_model_writes.py
 TIERFS_MODEL_SKIP=rule1,rule2 leaves rules out, to look past a known failure;
-TIERFS_MODEL_SHRINK_SECONDS bounds shrinking (default 120 s; hypothesis: 300). Shrinking is on: a
+TIERFS_MODEL_SHRINK_SECONDS bounds shrinking (default 60 s; hypothesis: 300). Shrinking is on: a
 failure prints the shortest sequence hypothesis found (the steps, then
 the model's trace of what each call returned).
 """
@@ -80,7 +80,7 @@ UPLOAD_OPS = {"PUT", "CreateMultipart", "UploadPart", "Complete"}
 
 EXAMPLES = int(os.environ.get("TIERFS_MODEL_EXAMPLES", "0"))
 STEPS = int(os.environ.get("TIERFS_MODEL_STEPS", "15"))
-# a failing sequence shrinks for up to 2 x 120 s on top of its runs; a run made longer
+# a failing sequence shrinks for up to 2 x 60 s on top of its runs; a run made longer
 # with TIERFS_MODEL_EXAMPLES is not cut
 pytestmark = pytest.mark.timeout(0 if EXAMPLES else 1800)
 FIXED_SEEDS = {"default": 20250125, "writeback": 20250131}
@@ -1059,9 +1059,9 @@ class Context:
 
 
 def _shrink_limit() -> None:
-    """TIERFS_MODEL_SHRINK_SECONDS (120): stop shrinking sooner than hypothesis's 300 s (each
+    """TIERFS_MODEL_SHRINK_SECONDS (60): stop shrinking sooner than hypothesis's 300 s (each
     shrink step here is a sequence on a real mount, seconds long)."""
-    limit = os.environ.get("TIERFS_MODEL_SHRINK_SECONDS", "120")
+    limit = os.environ.get("TIERFS_MODEL_SHRINK_SECONDS", "60")
     if limit:
         from hypothesis.internal.conjecture import engine
 
