@@ -151,7 +151,7 @@ class DirReadAhead:
         """A file is no longer ahead: its bytes are the memory tier's LRU's again."""
         self._bytes -= n
         if ckey in self._held:
-            self._held.discard(ckey)
+            self._held.remove(ckey)
             self.memory.unhold((ckey, WHOLE))
 
     def _fill(self, parent: int, d: _Dir, window: int, bucket: str,
