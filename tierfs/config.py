@@ -208,17 +208,17 @@ class Source:
     prefix: str  # "" or "a/b/" (always ends with "/" when not empty)
 
     @classmethod
-    def parse(cls, url: str) -> "Source":
+    def parse(cls, url: str, what: str = "source") -> "Source":
         try:
-            check_text(url, what="a source URL")
+            check_text(url, what=f"a {what} URL")
             u = urlsplit(url)
         except ValueError as exc:
-            raise UsageError(f"invalid source {_show(url)}: {exc}") from None
+            raise UsageError(f"invalid {what} {_show(url)}: {exc}") from None
         if u.scheme == "s3":
             if not u.netloc:
-                raise UsageError(f"invalid source {_show(url)}: expected s3://BUCKET[/PREFIX]")
+                raise UsageError(f"invalid {what} {_show(url)}: expected s3://BUCKET[/PREFIX]")
             if not re.fullmatch(r"[a-z0-9][a-z0-9.\-_]{1,254}", u.netloc, re.ASCII):
-                raise UsageError(f"invalid bucket name {_show(u.netloc)} in source {_show(url)}")
+                raise UsageError(f"invalid bucket name {_show(u.netloc)} in {what} {_show(url)}")
             prefix = u.path.lstrip("/")
             if prefix and not prefix.endswith("/"):
                 prefix += "/"
@@ -226,9 +226,9 @@ class Source:
         if u.scheme == "file":
             path = u.netloc + u.path if u.netloc else u.path
             if not path.startswith("/"):
-                raise UsageError(f"invalid source {_show(url)}: expected file:///ABSOLUTE/PATH")
+                raise UsageError(f"invalid {what} {_show(url)}: expected file:///ABSOLUTE/PATH")
             return cls("file", os.path.normpath(path), "")
-        raise UsageError(f"invalid source {_show(url)}: expected s3://BUCKET[/PREFIX] "
+        raise UsageError(f"invalid {what} {_show(url)}: expected s3://BUCKET[/PREFIX] "
                          f"or file:///DIR")
 
     def __str__(self) -> str:
@@ -630,6 +630,25 @@ class MountConfig(BaseModel):
         0o644, "mode", "octal, up to 07777", "mode shown for files")
     dir_mode: Annotated[int, BeforeValidator(_mode_value)] = _field(
         0o755, "mode", "octal, up to 07777", "mode shown for directories")
+    # a near object store before the source (docs/tiers.md)
+    tier: Annotated[Source | None, BeforeValidator(
+        lambda v: Source.parse(v, "tier") if isinstance(v, str) else v)] = _field(
+        None, "url", "`s3://BUCKET[/PREFIX]` or `file:///DIR`",
+        "a near object store read before the source (off: none)")
+    tier_endpoint_url: Annotated[str | None, BeforeValidator(
+        lambda v: None if v is None else _url_value(v))] = _field(
+        None, "url", "http(s) URL", "the near store's S3 endpoint")
+    tier_region: Annotated[str | None, BeforeValidator(
+        lambda v: None if v is None else _region_value(v))] = _field(
+        None, "text", "letters, digits, `.` `_` `-`", "the near store's S3 region")
+    tier_profile: Annotated[str | None, BeforeValidator(
+        lambda v: None if v is None else _region_value(v))] = _field(
+        None, "text", "letters, digits, `.` `_` `-`",
+        "AWS profile of the near store's credentials")
+    promote: Annotated[Literal["all", "none"], BeforeValidator(
+        lambda v: v.strip().lower() if isinstance(v, str) else v)] = _field(
+        "all", "choice", "`all` `none`",
+        "copy what a read fetched from the source to the near store")
     # the peer tier (docs/peers.md): other nodes' caches before the object store
     peers: Annotated[str | None, BeforeValidator(
         lambda v: None if v is None else _peers_value(v))] = _field(
@@ -685,7 +704,29 @@ class MountConfig(BaseModel):
             object.__setattr__(self, "meta_head_max_size", HEAD_ALL if self.allow_other else 0)
         self._check_peers()
         self._check_tenants()
+        self._check_tier()
         return self
+
+    def _only_with(self, anchor: str, prefix: str) -> bool:
+        """Whether option `anchor` is on; raises if it is off and an option of its family
+        (names starting with `prefix`) is set."""
+        if getattr(self, anchor) is not None:
+            return True
+        for n in sorted(self.model_fields_set):
+            if n.startswith(prefix) and getattr(self, n) is not None:
+                raise ValueError(f"invalid {option_name(n)}: only with --{option_name(anchor)}")
+        return False
+
+    def _check_tier(self) -> None:
+        if not self._only_with("tier", "tier_"):
+            return
+        assert self.tier is not None
+        if (self.tier.scheme, self.tier.bucket) == (self.source.scheme, self.source.bucket) \
+                and self.tier_endpoint_url == self.endpoint_url \
+                and (self.tier.prefix.startswith(self.source.prefix)
+                     or self.source.prefix.startswith(self.tier.prefix)):
+            raise ValueError(f"invalid tier {self.tier}: it overlaps the source {self.source} "
+                             "(the near store needs a bucket or prefix of its own)")
 
     @property
     def head_max_size(self) -> int:
@@ -708,11 +749,7 @@ class MountConfig(BaseModel):
                         f"bucket keys, the source's prefix included)")
 
     def _check_peers(self) -> None:
-        set_here = sorted(n for n in self.model_fields_set
-                          if n.startswith("peer_") and getattr(self, n) is not None)
-        if self.peers is None:
-            if set_here:
-                raise ValueError(f"invalid {option_name(set_here[0])}: only with --peers")
+        if not self._only_with("peers", "peer_"):
             return
         for need in ("peer_listen", "peer_secret_file"):
             if getattr(self, need) is None:
@@ -1143,6 +1180,8 @@ def _default_text(name: str) -> str:
         return {"endpoint_url": "AWS", "region": "botocore's", "log_file": "the journal (stderr)",
                 "metrics_addr": "off", "cache_dir": "`/var/cache/tierfs/<id of source>`",
                 "meta_head_max_size": "`\"all\"` with `allow_other`, else `\"0\"`",
+                "tier": "off", "tier_endpoint_url": "AWS", "tier_region": "botocore's",
+                "tier_profile": "the standard AWS sources",
                 "peers": "off", "peer_listen": "required with `peers`",
                 "peer_advertise": "`peer_listen`", "peer_secret_file": "required with `peers`",
                 "peer_bandwidth": "unlimited", "peer_tls_cert": "off (plain HTTP)",

@@ -111,6 +111,19 @@ class Metrics:
         self.backend_up = Gauge("tierfs_backend_up",
                                 "1 while the object store answers, 0 while the mount is degraded",
                                 registry=r)
+        # object-store tiers other than the source (docs/tiers.md): the near store
+        self.tier_requests = Counter("tierfs_tier_requests", "Requests sent to an object-store "
+                                     "tier other than the source", ["tier", "op"], registry=r)
+        self.tier_errors = Counter("tierfs_tier_errors", "Requests to an object-store tier "
+                                   "that failed after retries", ["tier", "op"], registry=r)
+        self.tier_bytes = Counter("tierfs_tier_bytes", "Bytes read from and written to an "
+                                  "object-store tier other than the source",
+                                  ["tier", "direction"], registry=r)
+        self.tier_up = Gauge("tierfs_tier_up", "1 while an object-store tier answers, 0 while "
+                             "reads skip it", ["tier"], registry=r)
+        self.tier_promotions = Counter("tierfs_tier_promotions", "Objects copied to a near "
+                                       "store after a read fetched them from the source, by "
+                                       "outcome", ["tier", "outcome"], registry=r)
         self.backend_resumed = Counter("tierfs_backend_resumed_bodies",
                                        "GET bodies cut short and continued from the bytes received",
                                        registry=r)

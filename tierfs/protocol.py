@@ -367,10 +367,11 @@ class ReadBytes(_Result):
     memory: Count = 0
     disk: Count = 0
     peer: Count = 0
+    near: Count = 0  # the near store (docs/tiers.md); absent from older daemons: 0
     backend: Count = 0
 
     def total(self) -> int:
-        return self.memory + self.disk + self.peer + self.backend
+        return self.memory + self.disk + self.peer + self.near + self.backend
 
 
 class UsageRow(_Result):

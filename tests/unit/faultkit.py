@@ -285,9 +285,10 @@ class FaultBackend:
         return bytes(buf[:self._damage(fired, buf)])
 
     def get_into(self, key: str, start: int, buf: memoryview, etag: str | None, *,
-                 size: int | None = None) -> int:
+                 size: int | None = None, metadata: dict[str, str] | None = None) -> int:
         fired = self._before(Call("get_into", key, start, len(buf)))
-        n = self.inner.get_into(key, start, buf, etag, size=size)
+        extra = {} if metadata is None else {"metadata": metadata}
+        n = self.inner.get_into(key, start, buf, etag, size=size, **extra)
         return self._damage(fired, buf[:n]) if fired else n
 
     def put(self, key: str, data: bytes, metadata: dict[str, str] | None = None) -> ObjectMeta:

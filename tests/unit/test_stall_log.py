@@ -33,7 +33,7 @@ def test_stalls_are_counted_per_tenant_and_source_and_kept_slowest_first():
     assert log.observe("ds/c", 8 << 20, 0.06, "queue", "vision", "pod:x")
     r = log.report()
     assert r.total == 3 and abs(r.total_s - 1.76) < 1e-9
-    assert r.by_source == {"backend": 1, "peer": 1, "queue": 1}
+    assert r.by_source == {"backend": 1, "near": 0, "peer": 1, "queue": 1}
     assert [(s.key, s.offset, s.wait_s, s.source, s.tenant, s.reader) for s in r.slowest] == [
         ("ds/b", 0, 1.5, "peer", "default", "uid:1000"),
         ("ds/a", 4096, 0.2, "backend", "vision", "job:7"),

@@ -53,7 +53,7 @@ def test_the_epilog_sums_the_mounts_answers_into_one_line_and_one_record(tmp_pat
     assert lines[0] == {"time": "2023-11-14T22:13:20Z", "job": "1234", "user": "alice",
                         "read_bytes": 812 << 30,
                         "read": {"memory": 600 << 30, "disk": 188 << 30, "peer": 0,
-                                 "backend": 24 << 30},
+                                 "near": 0, "backend": 24 << 30},
                         "cached_bytes": 788 << 30, "hit_ratio": 0.9704, "stall_s": 14.1,
                         "mounts": ["/mnt/a", "/mnt/b"]}
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600

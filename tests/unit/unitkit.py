@@ -161,7 +161,7 @@ async def core(tmp: str, *, chunk_size: int = 64 << 10, block_size: int = 16 << 
                readahead: int = 4, backend: Backend | None = None,
                bucket: str | None = None, root_prefix: str = "",
                statvfs: Callable[[str], os.statvfs_result] = plenty_of_space,
-               clock: FakeClock | None = None,
+               clock: FakeClock | None = None, near: Backend | None = None,
                **options: object) -> AsyncIterator[CoreRig]:
     """The core as the daemon builds it (tierfs.mount.core.build_core), with a fake clock and
     statvfs: the cache dir recovered, the journal recovered, background services running;
@@ -169,8 +169,9 @@ async def core(tmp: str, *, chunk_size: int = 64 << 10, block_size: int = 16 << 
     index is flushed and closed (as at unmount).
 
     The backend is a FileBackend on TMP/src unless one is given (the backend suite passes
-    an S3Backend, the fault tests a FaultBackend); `src` is then None. `options` are
-    further MountConfig fields (writeback=True, dirty_wait=...)."""
+    an S3Backend, the fault tests a FaultBackend); `src` is then None. `near`: a near
+    store (--tier, docs/tiers.md), the `tier` option naming it unless given. `options`
+    are further MountConfig fields (writeback=True, dirty_wait=...)."""
     src = None
     if backend is None:
         src = os.path.join(tmp, "src")
@@ -181,11 +182,13 @@ async def core(tmp: str, *, chunk_size: int = 64 << 10, block_size: int = 16 << 
         source = Source("file", bucket or "/", "")
     else:
         source = Source("s3", bucket, root_prefix)
+    if near is not None and "tier" not in options:
+        options["tier"] = Source("file", getattr(near, "root", "/near"), "")
     cfg = core_config(tmp, source=source, chunk_size=chunk_size, memory_bytes=memory_bytes,
                       cache_size=cache_size, ttl_s=ttl_s, readahead=readahead, **options)
     clock = clock or FakeClock()
     async with build_core(cfg, backend, clock=clock, statvfs=statvfs, block_size=block_size,
-                          index_map_size=64 << 20) as c:
+                          index_map_size=64 << 20, near=near) as c:
         rig = CacheRig(cfg.effective_cache_dir, c.meta, c.disk, c.memory, c.evictor, c.cache,
                        c.metrics, clock)
         yield CoreRig(src, backend, c.namespace, c.fileio, c.walk, rig, c.metrics, clock, c)

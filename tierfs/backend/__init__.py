@@ -2,20 +2,33 @@
 
 from __future__ import annotations
 
-from ..config import MountConfig
+from ..config import MountConfig, Source
 from .base import Backend, ListPage, ObjectMeta
 
-__all__ = ["Backend", "ListPage", "ObjectMeta", "open_backend"]
+__all__ = ["Backend", "ListPage", "ObjectMeta", "open_backend", "open_tier_backend"]
 
 
 def open_backend(cfg: MountConfig) -> Backend:
-    if cfg.source.scheme == "file":
+    """The source's backend."""
+    return _open(cfg, cfg.source, cfg.endpoint_url, cfg.region, None)
+
+
+def open_tier_backend(cfg: MountConfig) -> Backend:
+    """The near store's backend (--tier, docs/tiers.md), with its own endpoint, region and
+    credentials profile, and the source's timeouts and retries."""
+    assert cfg.tier is not None
+    return _open(cfg, cfg.tier, cfg.tier_endpoint_url, cfg.tier_region, cfg.tier_profile)
+
+
+def _open(cfg: MountConfig, where: Source, endpoint_url: str | None, region: str | None,
+          profile: str | None) -> Backend:
+    if where.scheme == "file":
         from .file import FileBackend
 
-        return FileBackend(cfg.source.bucket)
+        return FileBackend(where.bucket)
     from .s3 import S3Backend
 
-    return S3Backend(cfg.source.bucket, endpoint_url=cfg.endpoint_url, region=cfg.region,
+    return S3Backend(where.bucket, endpoint_url=endpoint_url, region=region, profile=profile,
                      # every thread of both lanes (readers, warm) may hold a connection
                      max_connections=cfg.backend_concurrency + cfg.warm_concurrency + 4,
                      timeout_s=cfg.backend_timeout, max_attempts=cfg.backend_retries)

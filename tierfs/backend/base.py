@@ -77,10 +77,11 @@ class Backend(Protocol):
         """
 
     def get_into(self, key: str, start: int, buf: memoryview, etag: str | None, *,
-                 size: int | None = None) -> int:
+                 size: int | None = None, metadata: dict[str, str] | None = None) -> int:
         """Like get of len(buf) bytes, read into buf; returns how many (fewer only at the
         end of the object). For callers that have a buffer the bytes belong in already.
-        On an error buf holds unverified bytes: the caller must drop it."""
+        On an error buf holds unverified bytes: the caller must drop it. `metadata`: user
+        metadata the object must carry, else PreconditionFailed (as for `etag`)."""
 
     def put(self, key: str, data: bytes, metadata: dict[str, str] | None = None) -> ObjectMeta: ...
 

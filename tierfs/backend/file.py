@@ -149,8 +149,12 @@ class FileBackend:
 
     @_mapped
     def get_into(self, key: str, start: int, buf: memoryview, etag: str | None, *,
-                 size: int | None = None) -> int:
+                 size: int | None = None, metadata: dict[str, str] | None = None) -> int:
         data = self.get(key, start, len(buf), etag)  # a local file: one copy is nothing
+        if metadata:
+            have = self._metadata(self._path(key))
+            if any(have.get(k) != v for k, v in metadata.items()):
+                raise PreconditionFailed(f"get {key!r}: not the wanted copy (metadata differs)")
         buf[:len(data)] = data
         return len(data)
 

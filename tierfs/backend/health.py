@@ -50,11 +50,17 @@ _ANSWERED = (NotFound, PreconditionFailed, AccessDenied, NoSuchBucket, Exists, U
 
 class BackendHealth:
     def __init__(self, metrics: Metrics, probe: Callable[[], None], *,
-                 interval_s: float = PROBE_INTERVAL_S, timeout_s: float = PROBE_TIMEOUT_S) -> None:
+                 interval_s: float = PROBE_INTERVAL_S, timeout_s: float = PROBE_TIMEOUT_S,
+                 tier: str = "") -> None:
         """`probe` is a blocking bucket check (Backend.check), run in a thread of its own;
         it should give up quickly by itself (the daemon passes one of a backend opened
-        with one attempt and short timeouts): a probe past `timeout_s` is abandoned."""
+        with one attempt and short timeouts): a probe past `timeout_s` is abandoned.
+        `tier`: "" for the source, else the object-store tier's name (docs/tiers.md): its
+        state goes to tierfs_tier_up{tier}, and while it is down reads skip it."""
         self.metrics = metrics
+        self.tier = tier
+        self._gauge = metrics.tier_up.labels(tier) if tier else metrics.backend_up
+        self._what = f"{tier} store" if tier else "object store"
         self._probe = probe
         self.interval_s = interval_s
         self.timeout_s = timeout_s
@@ -67,14 +73,14 @@ class BackendHealth:
         # one probe thread at a time: a probe abandoned at its timeout still holds this
         # until its thread ends, so probes of a hanging store never pile up
         self._probe_threads = trio.CapacityLimiter(1)
-        metrics.backend_up.set(1)
+        self._gauge.set(1)
 
     # ---- called by AsyncBackend around every request ---------------------------------
 
     def admit(self, op: str) -> None:
         """Refuse a request while the store is known down (before it is queued)."""
         if not self.up:
-            raise StoreDown(f"{op}: the object store is unreachable ({self.reason})")
+            raise StoreDown(f"{op}: the {self._what} is unreachable ({self.reason})")
 
     def observe(self, exc: BaseException | None) -> None:
         """The outcome of one request: None for success, else what it raised."""
@@ -101,10 +107,14 @@ class BackendHealth:
         self.up = False
         self.outages += 1
         self._down_since = trio.current_time()
-        self.metrics.backend_up.set(0)
-        log.warning("object store unreachable (%s): degraded mode, serving what is cached; "
-                    "uncached data fails with EIO at once; probing every %gs",
-                    reason, self.interval_s)
+        self._gauge.set(0)
+        if self.tier:
+            log.warning("%s unreachable (%s): reads go to the source until it answers; "
+                        "probing every %gs", self._what, reason, self.interval_s)
+        else:
+            log.warning("object store unreachable (%s): degraded mode, serving what is "
+                        "cached; uncached data fails with EIO at once; probing every %gs",
+                        reason, self.interval_s)
         self._suspect.set()  # make sure run() probes until it answers
 
     def mark_up(self) -> None:
@@ -112,8 +122,8 @@ class BackendHealth:
             return
         self.up = True
         self.recoveries += 1
-        self.metrics.backend_up.set(1)
-        log.info("object store answers again after %.0fs: leaving degraded mode",
+        self._gauge.set(1)
+        log.info("%s answers again after %.0fs: leaving degraded mode", self._what,
                  trio.current_time() - self._down_since)
 
     # ---- probing ---------------------------------------------------------------------

@@ -66,9 +66,13 @@ class _Request:
 
 class AsyncBackend:
     def __init__(self, backend: Backend, metrics: Metrics, *, concurrency: int,
-                 background: int, warm: int = 8, stall_warn: float = 10.0) -> None:
+                 background: int, warm: int = 8, stall_warn: float = 10.0,
+                 tier: str = "") -> None:
+        """`tier`: "" for the source (tierfs_backend_* metrics), else the name of another
+        object-store tier (the near store: tierfs_tier_*{tier} metrics, docs/tiers.md)."""
         self.sync = backend
         self.metrics = metrics
+        self.tier = tier
         self.stall_warn = stall_warn
         self._inflight: dict[int, _Request] = {}  # changed on the trio thread only
         self._ids = itertools.count()
@@ -92,7 +96,10 @@ class AsyncBackend:
         if self.health is not None:
             self.health.admit(op)  # StoreDown at once, before taking a thread or queuing
         m = self.metrics
-        m.backend_requests.labels(op).inc()
+        if self.tier:
+            m.tier_requests.labels(self.tier, op).inc()
+        else:
+            m.backend_requests.labels(op).inc()
         t0 = time.perf_counter()
         failed: BaseException | None = None  # the outcome, for the health
         req = _Request(op, key, offset)
@@ -118,7 +125,10 @@ class AsyncBackend:
                 self._quiet_since = trio.current_time()
         except BackendError as exc:
             failed = exc
-            m.backend_errors.labels(op).inc()
+            if self.tier:
+                m.tier_errors.labels(self.tier, op).inc()
+            else:
+                m.backend_errors.labels(op).inc()
             raise
         except BaseException as exc:
             failed = exc
@@ -129,7 +139,8 @@ class AsyncBackend:
                 log.info("backend %s %s after %.1f s", req,
                          "failed" if failed is not None else "finished",
                          time.monotonic() - req.started)
-            m.backend_seconds.labels(op).observe(time.perf_counter() - t0)
+            if not self.tier:
+                m.backend_seconds.labels(op).observe(time.perf_counter() - t0)
             if self.health is not None:
                 self.health.observe(failed)
 
@@ -165,9 +176,11 @@ class AsyncBackend:
                 if req.warned or req.started is None or now - req.started < self.stall_warn:
                     continue
                 req.warned = True
-                self.metrics.backend_stalls.labels(req.op).inc()
-                log.warning("backend %s has been running for %.1f s (stall-warn %gs): the "
-                            "object store is slow or not answering", req,
+                if not self.tier:
+                    self.metrics.backend_stalls.labels(req.op).inc()
+                log.warning("%s %s has been running for %.1f s (stall-warn %gs): the "
+                            "object store is slow or not answering",
+                            f"{self.tier} store" if self.tier else "backend", req,
                             now - req.started, self.stall_warn)
                 if self.health is not None:  # a hung store goes degraded now, not at the
                     # end of this request's retries: one probe tells slow from gone
@@ -178,6 +191,12 @@ class AsyncBackend:
         now = time.monotonic()
         return [(r.op, r.key, r.offset, now - r.started)
                 for r in list(self._inflight.values()) if r.started is not None]
+
+    def _received(self, nbytes: int) -> None:
+        if self.tier:
+            self.metrics.tier_bytes.labels(self.tier, "read").inc(nbytes)
+        else:
+            self.metrics.backend_bytes.inc(nbytes)
 
     def _maybe_widen_warm(self) -> None:
         # checked as each warm request ends: at least one always runs, so this is reached
@@ -203,17 +222,20 @@ class AsyncBackend:
         extra = {} if size is None else {"size": size}
         fn = functools.partial(self.sync.get, key, start, length, etag, **extra)
         data = await self._call("get", fn, background, key=key, offset=start)
-        self.metrics.backend_bytes.inc(len(data))
+        self._received(len(data))
         return data
 
     async def get_into(self, key: str, start: int, buf: memoryview, etag: str | None, *,
-                       background: bool = False, size: int | None = None) -> int:
+                       background: bool = False, size: int | None = None,
+                       metadata: dict[str, str] | None = None) -> int:
         """`get` into a buffer the caller gives (its body's length back): the read walk's
         reused buffers. The worker thread is never abandoned (trio.to_thread's default), so
-        nothing writes into `buf` once this returns or raises, cancelled or not."""
-        fn = functools.partial(self.sync.get_into, key, start, buf, etag, size=size)
+        nothing writes into `buf` once this returns or raises, cancelled or not.
+        `metadata`: see Backend.get_into (passed only when given)."""
+        extra = {} if metadata is None else {"metadata": metadata}
+        fn = functools.partial(self.sync.get_into, key, start, buf, etag, size=size, **extra)
         n = await self._call("get", fn, background, key=key, offset=start)
-        self.metrics.backend_bytes.inc(n)
+        self._received(n)
         return n
 
     async def warm_get(self, fn: Callable[[], T], nbytes: int, *, key: str = "",
@@ -223,15 +245,17 @@ class AsyncBackend:
         latency in tierfs_backend_request_seconds then includes that disk write.) `key`
         and `offset` name it in a stall warning."""
         result = await self._call("get", fn, False, warm=True, key=key, offset=offset)
-        self.metrics.backend_bytes.inc(nbytes)
+        self._received(nbytes)
         return result
 
     # writes run at foreground priority: a flush or fsync has a caller waiting on it
 
     async def put(self, key: str, data: bytes,
                   metadata: dict[str, str] | None = None) -> ObjectMeta:
-        return await self._call("put", functools.partial(self.sync.put, key, data, metadata), False,
-                                key=key)
+        meta = await self._call("put", functools.partial(self.sync.put, key, data, metadata),
+                                False, key=key)
+        self._sent(len(data))
+        return meta
 
     async def put_new(self, key: str, data: bytes,
                       metadata: dict[str, str] | None = None) -> ObjectMeta:
@@ -254,7 +278,13 @@ class AsyncBackend:
 
     async def upload_part(self, key: str, upload_id: str, part: int, data: bytes) -> str:
         fn = functools.partial(self.sync.upload_part, key, upload_id, part, data)
-        return await self._call("upload_part", fn, False, key=key)
+        etag = await self._call("upload_part", fn, False, key=key)
+        self._sent(len(data))
+        return etag
+
+    def _sent(self, nbytes: int) -> None:
+        if self.tier:
+            self.metrics.tier_bytes.labels(self.tier, "written").inc(nbytes)
 
     async def upload_part_copy(self, key: str, upload_id: str, part: int, src: str, src_etag: str,
                                start: int, length: int) -> str:

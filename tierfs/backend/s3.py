@@ -118,7 +118,9 @@ class S3Backend:
 
     def __init__(self, bucket: str, *, endpoint_url: str | None, region: str | None,
                  max_connections: int, timeout_s: float, max_attempts: int,
-                 integrity_retries: int = INTEGRITY_RETRIES) -> None:
+                 integrity_retries: int = INTEGRITY_RETRIES, profile: str | None = None) -> None:
+        """`profile`: a named profile of the AWS config and credentials files (a near
+        store's own credentials, docs/tiers.md); None: the standard sources."""
         self.bucket = bucket
         self.events = BackendEvents()  # AsyncBackend points these at the metrics
         self.resume_attempts = max_attempts
@@ -144,7 +146,7 @@ class S3Backend:
             max_pool_connections=max_connections,
             region_name=region,
         )
-        session = boto3.session.Session()
+        session = boto3.session.Session(profile_name=profile)
         self._s3 = session.client("s3", endpoint_url=endpoint_url, config=config)
         # GETs skip botocore's per-request machinery (s3get.py), unless a proxy is set
         # for the endpoint (botocore's proxy handling is not repeated there); tests
@@ -244,17 +246,21 @@ class S3Backend:
         return held[0] if held else bytearray(n)
 
     def get_into(self, key: str, start: int, buf: memoryview, etag: str | None, *,
-                 size: int | None = None) -> int:
+                 size: int | None = None, metadata: dict[str, str] | None = None) -> int:
+        """`metadata`: user metadata the object must carry (a near store's copy names the
+        source version it is of, docs/tiers.md), checked as If-Match checks the ETag:
+        PreconditionFailed, nothing written to `buf`, when it differs."""
         def buffer(n: int) -> memoryview:
             if n > len(buf):
                 raise BackendError(f"get {key!r} at {start}: server sent {n} bytes, "
                                    f"asked for {len(buf)}")
             return buf[:n]
 
-        return self._fetch(key, start, len(buf), etag, size, buffer)
+        return self._fetch(key, start, len(buf), etag, size, buffer, metadata)
 
     def _fetch(self, key: str, start: int, length: int, etag: str | None, size: int | None,
-               buffer: Callable[[int], memoryview]) -> int:
+               buffer: Callable[[int], memoryview],
+               metadata: dict[str, str] | None = None) -> int:
         """GET into buffer(n) (n: the body's length), resumed if cut short and verified;
         fetched again while it fails verification. Returns n."""
         what = f"get {key!r} at {start}"
@@ -265,7 +271,8 @@ class S3Backend:
         tries = 1 + self.integrity_retries
         for attempt in range(1, tries + 1):
             try:
-                got, view = self._download(key, start, length, etag, whole, buffer, deadline)
+                got, view = self._download(key, start, length, etag, whole, buffer, deadline,
+                                           metadata)
                 integrity.verify(got, view)
                 return len(view)
             except IntegrityError as exc:
@@ -282,8 +289,9 @@ class S3Backend:
                              offset=last.offset)
 
     def _download(self, key: str, start: int, length: int, etag: str | None, whole: bool,
-                  buffer: Callable[[int], memoryview],
-                  deadline: float) -> tuple[integrity.Received, memoryview]:
+                  buffer: Callable[[int], memoryview], deadline: float,
+                  metadata: dict[str, str] | None = None,
+                  ) -> tuple[integrity.Received, memoryview]:
         """One GET (resumed while cut short): what its response said, and the body."""
         what = f"get {key!r} at {start}"
         kw: dict = {"Bucket": self.bucket, "Key": key}
@@ -301,6 +309,8 @@ class S3Backend:
             got = self._received(r, key, start, what)
             if etag and got.etag and got.etag != etag:
                 raise PreconditionFailed(f"get {key!r}: object changed (ETag mismatch)")
+            if metadata and any(got.metadata.get(k) != v for k, v in metadata.items()):
+                raise PreconditionFailed(f"get {key!r}: not the wanted copy (metadata differs)")
             n = r.get("ContentLength")
             if n is None or n > length:
                 raise BackendError(f"{what}: server sent {n} bytes, asked for {length}")

@@ -19,6 +19,10 @@ from .keys import ObjectVersion
 
 Bytes = bytes | bytearray | memoryview  # a GET's own buffer is a bytearray: no copy
 
+# the tiers' names, as metrics, usage and the report count bytes by them: nearest first
+SOURCES = ("memory", "disk", "peer", "near", "backend")
+FETCHED = ("peer", "near", "backend")  # the sources a read waits on a fetch from
+
 
 def chunk_length(chunk_size: int, size: int, index: int) -> int:
     """Bytes of chunk `index` of an object of `size` bytes (the last one may be short)."""

@@ -299,6 +299,17 @@ def _status(args: argparse.Namespace) -> int:
                      "NOT ANSWERING: degraded, serving what is cached (uncached reads EIO)"))
     for field, what in (("backend_requests", "requests"), ("backend_errors", "errors")):
         _counts_row(rows, what, st.get(field, {}))  # errors: absent from older daemons
+    near = st.get("near")
+    if near:  # None without --tier (absent from a daemon from before the near store)
+        c = near["chunks"]
+        rows.append(("near store", f"{near['store']}: " + (
+            "answering" if near["up"] else "NOT ANSWERING: reads go to the source")))
+        rows.append(("", f"chunks: {c['hits']} read, {c['misses']} missing, "
+                         f"{c['failures']} failed"))
+        p = near.get("promotions")
+        if p is not None:
+            rows.append(("", f"copied: {p['copied']} objects, {format_size(p['copied_bytes'])}"
+                             f", {p['pending']} waiting"))
     peers = st.get("peers")
     if peers:  # None without --peers (and absent from a daemon from before the peer tier)
         rows.append(("peers", f"{peers['source']}: {len(peers['up'])} up, "
@@ -487,7 +498,8 @@ def usage_table(mountpoint: str, r: protocol.UsageResult) -> str:
     lines = [f"{mountpoint}: cache {format_size(c.used)} of {format_size(c.budget)}, "
              f"{format_size(c.pinned)} pinned, {format_size(c.dirty)} unsaved"]
     tenants = r.by == "tenant"
-    head = f"{r.by:<20} {'read':>10} {'memory':>9} {'disk':>9} {'peer':>9} {'store':>9} " \
+    head = f"{r.by:<20} {'read':>10} {'memory':>9} {'disk':>9} {'peer':>9} {'near':>9} " \
+           f"{'store':>9} " \
            f"{'hit':>6} {'stalled':>8}"
     lines.append(head + (f" {'cached':>9} {'pinned':>9}" if tenants else ""))
     for row in r.rows:
@@ -495,7 +507,8 @@ def usage_table(mountpoint: str, r: protocol.UsageResult) -> str:
         hit = "-" if row.hit_ratio is None else f"{100 * row.hit_ratio:.0f}%"
         text = (f"{row.name[:20]:<20} {format_size(rd.total()):>10} {format_size(rd.memory):>9} "
                 f"{format_size(rd.disk):>9} {format_size(rd.peer):>9} "
-                f"{format_size(rd.backend):>9} {hit:>6} {row.stall_s:>7.1f}s")
+                f"{format_size(rd.near):>9} {format_size(rd.backend):>9} {hit:>6} "
+                f"{row.stall_s:>7.1f}s")
         if tenants:
             text += "".join(f" {'-' if v is None else format_size(v):>9}"
                             for v in (row.cached, row.pinned))

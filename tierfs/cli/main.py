@@ -71,6 +71,13 @@ _MOUNT_OPTIONS = [
     ("--meta-head-max-size", "meta_head_max_size",
      "objects this small get one HEAD for type/owner/mode/times: 0 (default) the empty "
      "ones, 4K also symlinks, all (default with --allow-other) everything, off none"),
+    ("--tier", "tier", "a near object store read before the source: s3://BUCKET[/PREFIX] "
+     "(docs/tiers.md)"),
+    ("--tier-endpoint-url", "tier_endpoint_url", "the near store's S3 endpoint"),
+    ("--tier-region", "tier_region", "the near store's S3 region"),
+    ("--tier-profile", "tier_profile", "AWS profile with the near store's credentials"),
+    ("--promote", "promote", "copy what the source answered to the near store: all "
+     "(default) or none"),
     ("--peers", "peers", "peer tier: file:PATH, dns:NAME:PORT or slurm (docs/peers.md)"),
     ("--peer-listen", "peer_listen", "the peer server binds HOST:PORT (required with --peers)"),
     ("--peer-advertise", "peer_advertise",

@@ -20,7 +20,7 @@ from typing import Any
 from ..config import format_size
 from ..protocol import Bucket, PrefixRow, ReportResult
 
-SOURCES = ("memory", "disk", "peer", "backend")
+SOURCES = ("memory", "disk", "peer", "near", "backend")
 
 
 def _pct(x: float | None) -> str:

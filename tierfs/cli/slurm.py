@@ -661,7 +661,7 @@ def job_usage(job_id: str, answers: list[tuple[str, str]]) -> JobUsage:
                 got = row.get("read")
                 if not isinstance(got, dict):
                     got = {}
-                for src in ("memory", "disk", "peer", "backend"):
+                for src in ("memory", "disk", "peer", "near", "backend"):
                     read[src] = read.get(src, 0) + _number(got.get(src))
                 value = row.get("stall_s")
                 if isinstance(value, (int, float)) and not isinstance(value, bool) \

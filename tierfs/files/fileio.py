@@ -37,7 +37,7 @@ import trio
 
 from ..backend.base import ObjectMeta
 from ..cache import ChunkCache, ObjectVersion
-from ..cache.tier import Want
+from ..cache.tier import FETCHED, SOURCES, Want
 from ..cache.tiers import OwnChunk
 from ..errors import (
     BackendError,
@@ -59,14 +59,14 @@ from ..read.prefetch import Prefetcher, ReadPattern
 from ..read.walk import TierWalk
 from ..telemetry.callers import Callers
 from ..telemetry.stalls import StallLog
-from ..telemetry.usage import SOURCES, Usage
+from ..telemetry.usage import Usage
 from ..tenants import DEFAULT
 from ..writeback import DirtyFile, WriteBack
 from .namespace import Caller, Namespace
 from .pagecache import UNSAVED, PageCache
 
 RENAME_NOREPLACE, RENAME_EXCHANGE = 1, 2
-_RANK = {"memory": 0, "disk": 1, "peer": 2, "backend": 3}  # nearest to furthest source
+_RANK = {"memory": 0, "disk": 1, "peer": 2, "near": 3, "backend": 4}  # nearest to furthest source
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR
 
 log = logging.getLogger(__name__)
@@ -345,8 +345,8 @@ class FileIO:
                 if w > longest:
                     # a cache tier here: the chunk was stored while this read waited for
                     # the walk's backpressure (the queue)
-                    longest, delay = w, source if source in ("backend", "peer") else "queue"
-            if source in ("backend", "peer"):
+                    longest, delay = w, source if source in FETCHED else "queue"
+            if source in FETCHED:
                 h.pattern.fetched[index] = source
                 h.delivered[index] = hi
             else:

@@ -68,7 +68,8 @@ class ControlServer:
                  info: dict, uploads_pending: Callable[[], int], warm_concurrency: int,
                  peers: PeerTier | None = None, usage: "Usage | None" = None,
                  capacity: CapacityHistory | None = None,
-                 stalls: "StallLog | None" = None) -> None:
+                 stalls: "StallLog | None" = None,
+                 near: Callable[[], dict | None] | None = None) -> None:
         self.path = path
         self.warmer = warmer
         self.cache = cache
@@ -77,6 +78,7 @@ class ControlServer:
         self._uploads_pending = uploads_pending
         self.warm_concurrency = warm_concurrency
         self.peers = peers
+        self._near = near  # the near store's state (docs/tiers.md), None without --tier
         # bytes read and stalls per tenant and reader (tierfs/telemetry/usage.py)
         self.usage = usage
         self.capacity = capacity  # the sampled history behind `usage --forecast`
@@ -166,7 +168,7 @@ class ControlServer:
     async def status(self, req: StatusRequest, send: Any) -> dict:
         c, m = self.cache, self.metrics
         read = {src: m.value("tierfs_read_bytes_total", source=src)
-                for src in ("memory", "disk", "peer", "backend")}
+                for src in ("memory", "disk", "peer", "near", "backend")}
         hits = {t: m.value("tierfs_cache_hits_total", tier=t) for t in ("memory", "disk")}
         misses = m.value("tierfs_cache_misses_total")
         total_read, lookups = sum(read.values()), sum(hits.values()) + misses
@@ -193,6 +195,7 @@ class ControlServer:
                 "backend_requests": _per_op(m, "tierfs_backend_requests_total"),
                 "backend_errors": _per_op(m, "tierfs_backend_errors_total"),
                 "peers": None if self.peers is None else self.peers.status(),
+                "near": None if self._near is None else self._near(),
                 # reads that waited on a fetch past stall_threshold: totals, the slowest
                 "stalls": None if self.stalls is None else self.stalls.report().to_json()}
 

@@ -52,7 +52,9 @@ from ..metrics import Metrics
 from ..peers import Membership, Peer, PeerClient, PeerServer, PeerTier
 from ..peers.wire import MAX_CHUNK
 from ..read.dirahead import DirReadAhead
+from ..read.near import NearSource
 from ..read.prefetch import Prefetcher
+from ..read.promote import Promoter
 from ..read.walk import TierWalk
 from ..tasks import Tasks, sole_exception
 from ..telemetry.analytics import Analytics
@@ -111,6 +113,21 @@ class Core:
     usage: Usage | None = None  # bytes read and stalls per tenant and reader
     stalls: StallLog | None = None  # reads that waited on a fetch past stall_threshold
     analytics: Analytics | None = None  # reads and LIST/HEAD per prefix, files per job
+    near: NearSource | None = None  # --tier: the near store before the source
+    promoter: Promoter | None = None  # copies what the source answered to the near store
+
+    def near_status(self) -> dict | None:
+        """The near store for `tierfs status` (None without --tier)."""
+        near = self.near
+        if near is None:
+            return None
+        health = near.backend.health
+        promoter = self.promoter
+        return {"store": str(self.cfg.tier), "up": health is None or health.up,
+                "chunks": {"hits": near.hits, "misses": near.misses, "failures": near.failures},
+                "promotions": None if promoter is None else {
+                    "pending": promoter.pending(), "copied": promoter.copied,
+                    "copied_bytes": promoter.copied_bytes}}
 
     def cancel(self) -> None:
         """Stop every background task now (the daemon at unmount, after its drain)."""
@@ -118,16 +135,17 @@ class Core:
 
 
 def async_backend(cfg: MountConfig, backend: Backend | AsyncBackend,
-                  metrics: Metrics) -> AsyncBackend:
+                  metrics: Metrics, tier: str = "") -> AsyncBackend:
     """The backend behind the limiters and metrics the core expects (as the daemon sizes them),
     with a BackendHealth (degraded mode) unless it has one: probing with the backend's own
-    bucket check (the daemon gives it a quicker one)."""
+    bucket check (the daemon gives it a quicker one). `tier`: "" for the source, "near"
+    for the near store (docs/tiers.md)."""
     if not isinstance(backend, AsyncBackend):
         backend = AsyncBackend(backend, metrics, concurrency=cfg.backend_concurrency,
                                background=cfg.readahead_chunks, warm=cfg.warm_concurrency,
-                               stall_warn=cfg.stall_warn)
+                               stall_warn=cfg.stall_warn, tier=tier)
     if backend.health is None:
-        backend.health = BackendHealth(backend.metrics, backend.sync.check)
+        backend.health = BackendHealth(backend.metrics, backend.sync.check, tier=tier)
     return backend
 
 
@@ -137,13 +155,16 @@ async def build_core(cfg: MountConfig, backend: Backend | AsyncBackend, *,
                      clock: Callable[[], float] = time.time,
                      statvfs: Callable[[str], os.statvfs_result] = os.statvfs,
                      block_size: int = BLOCK_SIZE,
-                     index_map_size: int | None = None) -> AsyncIterator[Core]:
-    """Build the core of a mount of `cfg` over `backend`, run its background services,
-    and take it down at exit (see the module docstring). `clock`, `statvfs`, `block_size`
-    and `index_map_size` are seams for tests; the daemon leaves them alone."""
+                     index_map_size: int | None = None,
+                     near: Backend | AsyncBackend | None = None) -> AsyncIterator[Core]:
+    """Build the core of a mount of `cfg` over `backend` (and `near`, the near store of
+    --tier), run its background services, and take it down at exit (see the module
+    docstring). `clock`, `statvfs`, `block_size` and `index_map_size` are seams for
+    tests; the daemon leaves them alone."""
     metrics = metrics if metrics is not None else (
         backend.metrics if isinstance(backend, AsyncBackend) else Metrics())
     abackend = async_backend(cfg, backend, metrics)
+    anear = None if near is None else async_backend(cfg, near, metrics, "near")
     cache_dir = cfg.effective_cache_dir
     meta_kw = {} if index_map_size is None else {"map_size": index_map_size}
     meta = MetaStore(Layout(cache_dir).index, str(cfg.source), **meta_kw)
@@ -167,6 +188,8 @@ async def build_core(cfg: MountConfig, backend: Backend | AsyncBackend, *,
                     tasks = CoreTasks(work, services, metrics)
                     core = _wire(cfg, metrics, abackend, meta, disk, evictor, memory, cache,
                                  tasks, clock, kept, dropped)
+                    if anear is not None:
+                        _add_near(core, cfg, anear)
                     core.capacity = CapacityHistory(meta, cache, metrics, clock=clock,
                                                     tenant_of=_tenant_of(cfg))
                     _start_services(core)
@@ -238,10 +261,25 @@ def _wire(cfg: MountConfig, metrics: Metrics, backend: AsyncBackend, meta: MetaS
                 usage=usage, stalls=stalls, analytics=analytics)
 
 
-def _base_reader(walk: TierWalk) -> Callable[[ObjectVersion, int], Awaitable[Bytes]]:
-    """How the write-back reads a chunk of a partial write's base: the read walk, no heat."""
+def _add_near(core: Core, cfg: MountConfig, near: AsyncBackend) -> None:
+    """--tier: the near store, asked after the peers and before the source; what the
+    source answers is copied to it unless promote = none (docs/tiers.md)."""
+    assert cfg.tier is not None
+    walk = core.walk
+    if cfg.promote == "all":
+        core.promoter = Promoter(near, cfg.tier.prefix, _base_reader(walk, background=True),
+                                 cfg.chunk_size, core.metrics)
+    offer = core.promoter.offer if core.promoter is not None else None
+    core.near = NearSource(near, cfg.tier.prefix, core.cache, cfg.chunk_size, offer=offer)
+    walk.sources.insert(walk.sources.index(walk.store), core.near)
+
+
+def _base_reader(walk: TierWalk, background: bool = False,
+                 ) -> Callable[[ObjectVersion, int], Awaitable[Bytes]]:
+    """How the write-back reads a chunk of a partial write's base, and the promoter a chunk
+    it copies: the read walk, no heat (`background`: at read-ahead priority)."""
     async def read_base(obj: ObjectVersion, index: int) -> Bytes:
-        return (await walk.read(Want(obj, index))).data
+        return (await walk.read(Want(obj, index, background=background))).data
     return read_base
 
 
@@ -304,6 +342,11 @@ def _start_services(core: Core) -> None:
         tasks.supervise("conditional-probe", core.namespace.exclusive.run)
     if core.backend.health is not None:
         tasks.supervise("health-probe", core.backend.health.run)
+    if core.near is not None and core.near.backend.health is not None:
+        tasks.supervise("near-health-probe", core.near.backend.health.run)
+        tasks.supervise("near-stall-watch", core.near.backend.watch_stalls)
+    if core.promoter is not None:
+        tasks.supervise("promoter", core.promoter.run)
     if core.capacity is not None:
         tasks.supervise("capacity-sampler", core.capacity.run)
     if core.usage is not None:

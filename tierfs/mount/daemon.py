@@ -19,7 +19,7 @@ from typing import Callable
 import pyfuse3
 import trio
 
-from ..backend import open_backend
+from ..backend import open_backend, open_tier_backend
 from ..backend.budget import mount_read_budget
 from ..backend.health import PROBE_TIMEOUT_S, BackendHealth
 from ..backend.runner import AsyncBackend
@@ -40,6 +40,8 @@ from .mountinfo import Mount as MountEntry
 from .mountinfo import answers, mount_at
 
 log = logging.getLogger(__name__)
+
+NEAR_START_S = 5.0  # the near store's bucket check at mount: longer, and it starts skipped
 
 
 def check_mountpoint(path: str) -> None:
@@ -135,11 +137,12 @@ async def _serve_locked(cfg: MountConfig, cache_dir: str, on_ready: Callable[[],
     backend = async_backend(cfg, open_backend(cfg), metrics)
     health = backend.health = BackendHealth(metrics, _probe_check(cfg))
     await _check_store(cfg, cache_dir, backend, health)
+    near = await _open_near(cfg, metrics) if cfg.tier is not None else None
     budget = mount_read_budget(cfg)
     log.info("worst-case time to EIO for a read of uncached data: %.0f s (store hangs: "
              "%.0f s, unreachable: %.0f s; see docs/operations.md)", budget.worst,
              budget.hang, budget.unreachable)
-    async with build_core(cfg, backend, metrics=metrics) as core:
+    async with build_core(cfg, backend, metrics=metrics, near=near) as core:
         if cfg.metrics_addr:  # from this trio loop: never a thread per connection
             metrics_server = MetricsServer(metrics)
             await metrics_server.bind(cfg.metrics_addr)
@@ -150,7 +153,8 @@ async def _serve_locked(cfg: MountConfig, cache_dir: str, on_ready: Callable[[],
             info={"mountpoint": cfg.mountpoint, "source": str(cfg.source),
                   "cache_dir": cache_dir},
             uploads_pending=wb.pending, warm_concurrency=cfg.warm_concurrency,
-            peers=core.peers, usage=core.usage, capacity=core.capacity, stalls=core.stalls)
+            peers=core.peers, usage=core.usage, capacity=core.capacity, stalls=core.stalls,
+            near=core.near_status)
         ops = FuseOps(cfg, core.namespace, core.fileio, core.cache, metrics)
         options = set(pyfuse3.default_options)
         options |= {"fsname=tierfs", "subtype=tierfs", "default_permissions"}
@@ -221,6 +225,20 @@ def _probe_check(cfg: MountConfig) -> Callable[[], None]:
         client[0].check()
 
     return check
+
+
+async def _open_near(cfg: MountConfig, metrics: Metrics) -> AsyncBackend:
+    """The near store of --tier, checked like the source but never waited for: a near
+    store that does not answer within NEAR_START_S starts skipped (reads go to the source)
+    and probed until it answers; one that answers no (no such bucket, access denied) is a
+    start-up error, because a wrong setting should not pass for an outage."""
+    near = async_backend(cfg, open_tier_backend(cfg), metrics, "near")
+    assert near.health is not None
+    try:
+        await near.health.start(near.sync.check, min(cfg.startup_timeout, NEAR_START_S))
+    except BackendError as exc:
+        raise StartupError(f"near store {cfg.tier}: {exc}") from None
+    return near
 
 
 async def _check_store(cfg: MountConfig, cache_dir: str, backend: AsyncBackend,

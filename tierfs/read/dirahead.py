@@ -29,7 +29,7 @@ import trio
 
 from ..cache import ChunkCache, ObjectVersion
 from ..cache.memory import WHOLE
-from ..cache.tier import Want
+from ..cache.tier import FETCHED, Want
 from ..index.attrs import FILE
 from ..index.inodes import Inode, InodeTable
 from ..metrics import Metrics
@@ -93,7 +93,7 @@ class DirReadAhead:
         self.max_bytes = min(max_bytes, int(self.memory.capacity * AHEAD_SHARE))
         self._dirs: OrderedDict[int, _Dir] = OrderedDict()
         self._bytes = 0  # fetched ahead (or being fetched) and not opened yet
-        # chunk key -> where its fetch brought it from ("backend", "peer"): the opener's
+        # chunk key -> where its fetch brought it from ("backend", "near", "peer"): the opener's
         # first reads of it count there (tierfs/files/fileio.py), not as cache hits
         self._brought: dict[bytes, str] = {}
         self._fetches = trio.CapacityLimiter(FETCHES)
@@ -190,7 +190,7 @@ class DirReadAhead:
                 # an open of it meets the same error on its own request and reports it
                 log.debug("read-ahead of %s failed: %s", obj.key, err)
                 return
-        fetched = got.fetched and got.source in ("backend", "peer")
+        fetched = got.fetched and got.source in FETCHED
         if fetched:
             self.metrics.dir_readahead_files.inc()
         if not _ahead(d, name) or ckey in self._held:

@@ -1,6 +1,7 @@
 """The tiers a chunk is fetched from when no cache tier has it: the peers' caches and the
-object store. Both give whole chunks; the read walk (walk.py) asks them in order, once
-per chunk however many readers want it (singleflight.py).
+object store (the near store, near.py, is one more). All give whole chunks; the read walk
+(walk.py) asks them in order, once per chunk however many readers want it
+(singleflight.py).
 """
 
 from __future__ import annotations
@@ -62,18 +63,30 @@ class StoreSource:
         self.cache = cache
         self.chunk_size = chunk_size
 
-    async def get(self, want: Want) -> Bytes:
-        """A big chunk into a reused buffer of the disk tier (a fresh 8 MiB buffer per
-        GET page-faults in, and its memory-tier entry could not be reused for the next
-        read: bench/README.md), its bytes reserved in the memory tier while in flight (the
-        tier's size bounds GETs in flight too); a small one into new bytes (a 1 MiB
-        mapping per small file would waste address space and map count)."""
+    async def get(self, want: Want) -> Bytes | None:
+        obj = want.obj
+        return await self.fetch(want, obj.key, obj.etag)
+
+    async def fetch(self, want: Want, key: str, etag: str | None,
+                    metadata: dict[str, str] | None = None) -> Bytes:
+        """The wanted chunk's bytes from `key` of this store (If-Match `etag`; the user
+        `metadata` it must carry). A big chunk into a reused buffer of the disk tier (a
+        fresh 8 MiB buffer per GET page-faults in, and its memory-tier entry could not be
+        reused for the next read: bench/README.md), its bytes reserved in the memory tier
+        while in flight (the tier's size bounds GETs in flight too); a small one into new
+        bytes (a 1 MiB mapping per small file would waste address space and map count)."""
         obj, background = want.obj, want.background
         start = want.index * self.chunk_size
         length = chunk_length(self.chunk_size, obj.size, want.index)
         if length < REUSE_MIN:
-            return await self.backend.get(obj.key, start, length, obj.etag,
-                                          background=background, size=obj.size)
+            if metadata is None:
+                return await self.backend.get(key, start, length, etag,
+                                              background=background, size=obj.size)
+            buf = bytearray(length)
+            n = await self.backend.get_into(key, start, memoryview(buf), etag,
+                                            background=background, size=obj.size,
+                                            metadata=metadata)
+            return buf if n == length else buf[:n]
         memory = self.cache.memory
         # may free the very buffer taken next; a read-ahead's room is reserved already,
         # from its start until its reader reads past it (prefetch.py)
@@ -81,8 +94,8 @@ class StoreSource:
         view = self.cache.disk.read_buffer(length)
         owner = view.obj
         try:
-            n = await self.backend.get_into(obj.key, start, view, obj.etag,
-                                            background=background, size=obj.size)
+            n = await self.backend.get_into(key, start, view, etag, background=background,
+                                            size=obj.size, metadata=metadata)
             data = view[:n].toreadonly()
         except BaseException:
             view.release()

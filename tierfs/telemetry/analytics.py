@@ -46,7 +46,6 @@ from ..index.meta import MetaStore
 
 log = logging.getLogger(__name__)
 
-SOURCES = ("memory", "disk", "peer", "backend")
 CACHED = ("memory", "disk")
 FLUSH_INTERVAL_S = 30.0
 FETCHED_MEMORY = 32768  # chunk keys remembered as fetched (about 100 bytes each)

@@ -17,9 +17,10 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from ..cache import ChunkCache
+from ..cache.tier import SOURCES
 from ..metrics import Metrics
 from ..protocol import JobFilesRequest, ReportRequest
-from .analytics import HEAT_EDGES, SOURCES, Analytics, CacheView, Point, cached_share
+from .analytics import HEAT_EDGES, Analytics, CacheView, Point, cached_share
 
 if TYPE_CHECKING:
     from .capacity import CapacityHistory

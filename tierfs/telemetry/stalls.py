@@ -29,7 +29,7 @@ from typing import Any, Callable, Iterable
 
 from ..metrics import Metrics
 
-DELAY_SOURCES = ("backend", "peer", "queue")
+DELAY_SOURCES = ("backend", "near", "peer", "queue")
 KEEP = 100
 WINDOW_S = 86400.0
 

@@ -36,7 +36,6 @@ from ..metrics import Metrics
 
 log = logging.getLogger(__name__)
 
-SOURCES = ("memory", "disk", "peer", "backend")
 CACHED = ("memory", "disk")
 FLUSH_INTERVAL_S = 30.0
 READER_KINDS = ("job", "pod", "uid")
