@@ -120,6 +120,7 @@ class WarmRequest(_Request):
     pod: PodUid | None = None  # pin for this Kubernetes pod (implies pin; tierfs-csi)
     pin_ttl: Annotated[float, Field(gt=0, le=MAX_DURATION)] | None = None  # seconds
     concurrency: Annotated[int, Field(ge=1, le=256)] | None = None  # default: the mount's
+    tier: Literal["local", "near"] = "local"  # near: fill the near store (docs/tiers.md)
 
     @property
     def pin_owner(self) -> str | None:

@@ -155,3 +155,42 @@ def test_tier_options_are_checked_with_one_line(rgw, bucket, tmp_path):
         lines = r.stderr.strip().splitlines()
         assert len(lines) == 1 and why in lines[0], r.stderr
         assert "Traceback" not in r.stderr
+
+
+def _tierfs(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "tierfs", *args], capture_output=True,
+                          text=True, timeout=120)
+
+
+def test_warm_near_fills_the_near_store_not_this_nodes_cache(rgw, bucket, mounts, near):
+    s3 = mounts.s3
+    files = {f"set/{i}.bin": os.urandom(700_000 * (i + 1)) for i in range(4)}
+    files["set/big.bin"] = os.urandom(9 * MiB)
+    for key, data in files.items():
+        s3.put_object(Bucket=bucket, Key=key, Body=data)
+    total = sum(len(d) for d in files.values())
+    a = _mount(mounts, near, cache="cache-a", mnt="mnt-a")
+    setdir = os.path.join(a.mountpoint, "set")
+    r = _tierfs("warm", "--check", "--tier", "near", setdir)
+    assert r.returncode == 3, r.stderr  # as a local check: not all of the set is there
+    assert "0 B in the near store already" in r.stdout, r.stdout
+    r = _tierfs("warm", "--tier", "near", setdir)
+    assert r.returncode == 0, r.stderr
+    assert "copied" in r.stdout, r.stdout
+    for key in files:
+        assert _copied(near, key, _etag(s3, bucket, key)), key
+    # nothing of it in this node's cache: the copy went from the source to the near store
+    local = _tierfs("warm", "--check", setdir)
+    assert local.returncode == 3 and "0 B cached" in local.stdout, local.stdout
+    assert a.counter("tierfs_backend_bytes_total") == total  # each byte once from the source
+    assert _tierfs("warm", "--check", "--tier", "near", setdir).returncode == 0
+    again = _tierfs("warm", "--tier", "near", setdir)  # a rerun copies nothing
+    assert again.returncode == 0 and "0 B copied" in again.stdout, again.stdout
+    assert a.counter("tierfs_backend_bytes_total") == total
+    refused = _tierfs("warm", "--tier", "near", "--pin", setdir)
+    assert refused.returncode != 0 and len(refused.stderr.strip().splitlines()) == 1
+
+    b = _mount(mounts, near, cache="cache-b", mnt="mnt-b")
+    for key, data in files.items():
+        assert _read(b, key) == data
+    assert b.counter("tierfs_backend_requests_total", op="get") == 0

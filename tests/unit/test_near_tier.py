@@ -168,3 +168,23 @@ async def test_a_big_object_is_copied_in_parts_and_gets_its_version_last(tmp_pat
     assert copy_meta[NEAR_SIZE] == str(len(data)) and "tierfs-crc32c" in copy_meta
     with open(os.path.join(near.root, "big"), "rb") as f:
         assert f.read() == data
+
+
+async def test_warm_near_copies_from_the_source_and_keeps_nothing_locally(tmp_path):
+    near = _near_dir(tmp_path)
+    src = tmp_path / "src"
+    src.mkdir()
+    files = {f"w/{i}": write(str(src), f"w/{i}", os.urandom(CS * i + 7)) for i in range(1, 4)}
+    async with core(str(tmp_path / "a"), near=near, backend=FileBackend(str(src)),
+                    bucket=str(src)) as a:
+        check = await a.core.warmer.warm(["w"], check=True, tier="near")
+        assert (check["bytes_cached_before"], check["error_count"]) == (0, 0)
+        r = await a.core.warmer.warm(["w"], tier="near", concurrency=2)
+        assert (r["bytes_fetched"], r["error_count"]) == (sum(map(len, files.values())), 0)
+        assert a.core.cache.used_bytes == 0  # this node's disk tier untouched
+        for key, data in files.items():
+            with open(os.path.join(near.root, key), "rb") as f:
+                assert f.read() == data
+        again = await a.core.warmer.warm(["w"], tier="near")
+        assert again["bytes_fetched"] == 0
+        assert again["bytes_cached_before"] == r["bytes_fetched"]

@@ -348,6 +348,11 @@ def _warm(args: argparse.Namespace) -> int:
         fields["pin_ttl"] = _pin_ttl(args.pin_ttl)
     if args.concurrency is not None:
         fields["concurrency"] = args.concurrency
+    if args.tier != "local":
+        if fields.get("pin"):
+            raise UsageError("--pin, --pin-ttl and --job keep files in this node's cache: "
+                             "not with --tier near")
+        fields["tier"] = args.tier
     groups, status = group_by_mount(paths)
     for mount, rels in groups.items():
         bar = ProgressBar() if not args.json else None
@@ -411,6 +416,12 @@ def _job_id(text: str) -> str:
 
 def _warm_summary(mount: TierfsMount, r: dict, check: bool) -> str:
     head = f"{mount.mountpoint}: {r['files']} files, {format_size(r['bytes'])}"
+    if r.get("tier") == "near":
+        done = "missing" if check else "copied"
+        left = r["bytes"] - r["bytes_cached_before"] if check else r["bytes_fetched"]
+        return (f"{head}: {format_size(r['bytes_cached_before'])} in the near store already, "
+                f"{format_size(left)} {done}"
+                + (f"; {r['error_count']} errors" if r.get("error_count") else ""))
     if check:
         pct = 100.0 * r["bytes_cached_before"] / r["bytes"] if r["bytes"] else 100.0
         fits = "" if r["fits"] else "; the set does not fit in the cache"
@@ -655,6 +666,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                    help="pin for this job; `tierfs unpin --job ID` releases")
     w.add_argument("--concurrency", type=_positive_int, metavar="N",
                    help="parallel GETs (default: the mount's warm-concurrency, 16)")
+    w.add_argument("--tier", choices=("local", "near"), default="local",
+                   help="near: fill the mount's near store for the whole cluster, not this "
+                        "node's cache (docs/tiers.md)")
     w.add_argument("--json", action="store_true", help="JSON lines: progress events, a summary")
     w.set_defaults(run=_warm)
 

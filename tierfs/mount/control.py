@@ -211,7 +211,8 @@ class ControlServer:
 
         result = await self.warmer.warm(paths, check=check, pin_owner=owner,
                                         pin_expires=time.time() + ttl if ttl else None,
-                                        concurrency=concurrency, progress=progress)
+                                        concurrency=concurrency, progress=progress,
+                                        tier=req.tier)
         log.info("warm done: %d files, %d bytes, %d already cached, %d fetched, %d errors",
                  result["files"], result["bytes"], result["bytes_cached_before"],
                  result["bytes_fetched"], result["error_count"])

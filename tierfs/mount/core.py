@@ -272,6 +272,14 @@ def _add_near(core: Core, cfg: MountConfig, near: AsyncBackend) -> None:
     offer = core.promoter.offer if core.promoter is not None else None
     core.near = NearSource(near, cfg.tier.prefix, core.cache, cfg.chunk_size, offer=offer)
     walk.sources.insert(walk.sources.index(walk.store), core.near)
+    # `tierfs warm --tier near`: straight from the source, this node's tiers left alone
+    store = walk.store
+
+    async def from_store(obj: ObjectVersion, index: int) -> Bytes:
+        return await store.fetch(Want(obj, index, background=True), obj.key, obj.etag)
+
+    core.warmer.near = Promoter(near, cfg.tier.prefix, from_store, cfg.chunk_size,
+                                core.metrics)
 
 
 def _base_reader(walk: TierWalk, background: bool = False,

@@ -47,6 +47,7 @@ from ..files.namespace import Namespace
 from ..index.attrs import FILE
 from ..index.inodes import ROOT_INO, Inode
 from ..metrics import Metrics
+from ..read.promote import Promoter
 from ..read.walk import TierWalk
 from ..tasks import expected_error, sole_exception
 
@@ -82,6 +83,9 @@ class Warmer:
         self._local = has_local_writes
         self._ids = itertools.count(1)
         self._bugs_logged: set[int] = set()  # warms that logged a traceback already
+        # --tier: copies objects to the near store straight from the source (no local
+        # cache on the way); set by the core (build_core), None without a near store
+        self.near: Promoter | None = None
 
     def _failure(self, exc: Exception, warm_id: int = 0) -> TierfsError:
         """What a client is told about `exc`: the TierfsError it is (also inside a group),
@@ -255,7 +259,12 @@ class Warmer:
 
     async def warm(self, patterns: list[str], *, check: bool = False, pin_owner: str | None = None,
                    pin_expires: float | None = None, concurrency: int = 16,
-                   progress: Progress | None = None) -> dict:
+                   progress: Progress | None = None, tier: str = "local") -> dict:
+        """`tier` "near": fill the near store (docs/tiers.md) instead of this node's cache."""
+        if tier == "near" and self.near is None:
+            raise InvalidArgument("this mount has no near store (--tier)")
+        if tier == "near" and pin_owner:
+            raise InvalidArgument("pins keep files in this node's cache: not with --tier near")
         t0 = time.monotonic()
         ws = WarmSet()
         state = {"phase": "listing", "files": 0, "bytes": 0, "bytes_cached_before": 0,
@@ -277,8 +286,11 @@ class Warmer:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(reporter)
             try:
-                result = await self._warm(patterns, ws, state, check, pin_owner, pin_expires,
-                                          concurrency)
+                if tier == "near":
+                    result = await self._warm_near(patterns, ws, state, check, concurrency)
+                else:
+                    result = await self._warm(patterns, ws, state, check, pin_owner,
+                                              pin_expires, concurrency)
             except Exception as exc:  # noqa: BLE001 - raised below, as a TierfsError
                 error = self._failure(exc)
             else:
@@ -360,6 +372,58 @@ class Warmer:
         return {**summary, "bytes_fetched": state["bytes_fetched"],
                 "errors": errors[:MAX_REPORTED_ERRORS], "error_count": len(errors),
                 "pinned": pin_owner, "pin_expires": pin_expires if pin_owner else None}
+
+    async def _warm_near(self, patterns: list[str], ws: WarmSet, state: dict, check: bool,
+                         concurrency: int) -> dict:
+        """Copy the set to the near store, `concurrency` files at once, each chunk read
+        from the source and written to the near store (this node's tiers left alone);
+        files the near store holds already cost one HEAD. The set is not checked
+        against a budget: the near store's size is its operator's (docs/tiers.md)."""
+        near = self.near
+        assert near is not None
+        await self.resolve(patterns, ws)
+        total = sum(obj.size for _, obj in ws.files)
+        errors = list(ws.errors)
+        state.update(phase="checking" if check else "copying", files=len(ws.files),
+                     bytes=total, bytes_cached_before=0, bytes_done=0,
+                     error_count=len(errors))
+        copied = 0
+        warm_id = next(self._ids)
+        files = iter(ws.files)
+
+        async def worker() -> None:
+            nonlocal copied
+            for path, obj in files:
+                try:
+                    outcome = "present" if await near.present(obj) else (
+                        "missing" if check else await near.copy(obj))
+                except Exception as exc:  # noqa: BLE001 - _failure: the file's error entry
+                    why = str(self._failure(exc, warm_id))
+                    errors.append({"path": path, "error": why})
+                    state["error_count"] = len(errors)
+                    log.warning("warm --tier near: %s: %s", path, why)
+                    continue
+                if outcome == "present":
+                    state["bytes_cached_before"] += obj.size
+                elif outcome == "copied":
+                    copied += obj.size
+                    state["bytes_fetched"] = copied
+                elif outcome == "changed":
+                    errors.append({"path": path, "error": "changed in the bucket while "
+                                   "copying: run the warm again"})
+                    state["error_count"] = len(errors)
+                state["bytes_done"] += obj.size
+
+        try:
+            async with trio.open_nursery() as workers:
+                for _ in range(max(1, concurrency)):
+                    workers.start_soon(worker)
+        finally:
+            self._bugs_logged.discard(warm_id)
+        return {"files": len(ws.files), "bytes": total, "tier": "near",
+                "bytes_cached_before": state["bytes_cached_before"], "bytes_fetched": copied,
+                "unsaved_files": ws.unsaved, "fits": True,
+                "errors": errors[:MAX_REPORTED_ERRORS], "error_count": len(errors)}
 
     async def evict(self, patterns: list[str]) -> dict:
         """Drop the set's cached chunks (pinned files are kept and counted)."""

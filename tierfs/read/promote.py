@@ -99,7 +99,7 @@ class Promoter:
             ident, obj = self._queued.popitem(last=False)
             self._busy = ident
             try:
-                outcome = await self._promote(obj)
+                outcome = await self.copy(obj)
             except TierfsError as exc:
                 outcome = "failed"
                 self._failed(obj, exc)
@@ -119,14 +119,20 @@ class Promoter:
             log.warning("near store: not copied %r: %s (reads are not affected; one such "
                         "line a minute)", obj.key, exc)
 
-    async def _promote(self, obj: ObjectVersion) -> str:
-        key = self.prefix + obj.key
+    async def present(self, obj: ObjectVersion) -> bool:
+        """Whether the near store holds a copy of this version (one HEAD)."""
         try:
-            meta = await self.near.head(key)
-            if (meta.metadata or {}).get(NEAR_ETAG) == obj.etag:
-                return "present"  # another node copied it
+            meta = await self.near.head(self.prefix + obj.key)
         except NotFound:
-            pass
+            return False
+        return (meta.metadata or {}).get(NEAR_ETAG) == obj.etag
+
+    async def copy(self, obj: ObjectVersion) -> str:
+        """Copy `obj` to the near store unless it holds it: "copied", "present" or
+        "changed" (the source's object changed meanwhile); a failure raises."""
+        if await self.present(obj):
+            return "present"  # another node (or an earlier warm) copied it
+        key = self.prefix + obj.key
         n = -(-obj.size // self.chunk_size)
         per_part = max(1, -(-MIN_PART // self.chunk_size))  # chunks per part
         try:

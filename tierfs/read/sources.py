@@ -63,7 +63,7 @@ class StoreSource:
         self.cache = cache
         self.chunk_size = chunk_size
 
-    async def get(self, want: Want) -> Bytes | None:
+    async def get(self, want: Want) -> Bytes:
         obj = want.obj
         return await self.fetch(want, obj.key, obj.etag)
 
