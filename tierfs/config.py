@@ -645,6 +645,9 @@ class MountConfig(BaseModel):
         lambda v: None if v is None else _region_value(v))] = _field(
         None, "text", "letters, digits, `.` `_` `-`",
         "AWS profile of the near store's credentials")
+    near_size: Annotated[int | None, BeforeValidator(
+        lambda v: None if v is None else _size_value(v))] = _field(
+        None, "size", "0 - 1P", "the near store's budget for `tierfs gc --tier near`")
     promote: Annotated[Literal["all", "none"], BeforeValidator(
         lambda v: v.strip().lower() if isinstance(v, str) else v)] = _field(
         "all", "choice", "`all` `none`",
@@ -718,6 +721,8 @@ class MountConfig(BaseModel):
         return False
 
     def _check_tier(self) -> None:
+        if self.tier is None and self.near_size is not None:
+            raise ValueError("invalid near-size: only with --tier")
         if not self._only_with("tier", "tier_"):
             return
         assert self.tier is not None
@@ -1181,7 +1186,7 @@ def _default_text(name: str) -> str:
                 "metrics_addr": "off", "cache_dir": "`/var/cache/tierfs/<id of source>`",
                 "meta_head_max_size": "`\"all\"` with `allow_other`, else `\"0\"`",
                 "tier": "off", "tier_endpoint_url": "AWS", "tier_region": "botocore's",
-                "tier_profile": "the standard AWS sources",
+                "tier_profile": "the standard AWS sources", "near_size": "no budget",
                 "peers": "off", "peer_listen": "required with `peers`",
                 "peer_advertise": "`peer_listen`", "peer_secret_file": "required with `peers`",
                 "peer_bandwidth": "unlimited", "peer_tls_cert": "off (plain HTTP)",

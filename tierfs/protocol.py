@@ -135,6 +135,15 @@ class WarmRequest(_Request):
 class EvictRequest(_Request):
     op: Literal["evict"] = "evict"
     paths: Paths
+    tier: Literal["local", "near"] = "local"  # near: remove the near store's copies
+
+
+class NearGcRequest(_Request):
+    """Stale copies out of the near store, then the oldest over `budget` (docs/tiers.md)."""
+
+    op: Literal["near_gc"] = "near_gc"
+    budget: Annotated[int, Field(ge=0)] | None = None  # bytes; default: the mount's near_size
+    dry_run: bool = False
 
 
 class UnpinRequest(_Request):
@@ -219,11 +228,12 @@ class PodRequest(_Request):
 
 
 Request = (StatusRequest | WarmRequest | EvictRequest | UnpinRequest | UsageRequest
-           | ReportRequest | JobFilesRequest | PodRequest)
+           | ReportRequest | JobFilesRequest | PodRequest | NearGcRequest)
 REQUESTS: dict[str, type[_Request]] = {"status": StatusRequest, "warm": WarmRequest,
                                        "evict": EvictRequest, "unpin": UnpinRequest,
                                        "usage": UsageRequest, "report": ReportRequest,
-                                       "job_files": JobFilesRequest, "pod": PodRequest}
+                                       "job_files": JobFilesRequest, "pod": PodRequest,
+                                       "near_gc": NearGcRequest}
 
 
 def parse_request(line: bytes) -> Request:
@@ -356,6 +366,20 @@ class WarmResult(_PerPath):
 class EvictResult(_PerPath):
     bytes_evicted: Count
     pinned_kept: Count = 0
+
+
+class NearGcResult(_PerPath):
+    copies: Count
+    stale: Count
+    stale_bytes: Count
+    over_budget: Count
+    over_budget_bytes: Count
+    kept: Count
+    kept_bytes: Count
+    not_copies: Count
+    not_copies_bytes: Count
+    removed_bytes: Count
+    dry_run: bool
 
 
 class UnpinResult(_PerPath):
@@ -542,7 +566,8 @@ class JobFilesResult(_Result):
 RESULTS: dict[str, type[_Result]] = {"status": StatusResult, "warm": WarmResult,
                                      "evict": EvictResult, "unpin": UnpinResult,
                                      "usage": UsageResult, "report": ReportResult,
-                                     "job_files": JobFilesResult, "pod": PodResult}
+                                     "job_files": JobFilesResult, "pod": PodResult,
+                                     "near_gc": NearGcResult}
 
 
 def check_result(op: str, result: dict[str, Any]) -> dict[str, Any]:

@@ -194,3 +194,31 @@ def test_warm_near_fills_the_near_store_not_this_nodes_cache(rgw, bucket, mounts
     for key, data in files.items():
         assert _read(b, key) == data
     assert b.counter("tierfs_backend_requests_total", op="get") == 0
+
+
+def test_gc_and_evict_of_the_near_store(rgw, bucket, mounts, near):
+    s3 = mounts.s3
+    for name in ("a", "b", "c"):
+        s3.put_object(Bucket=bucket, Key=f"g/{name}.bin", Body=os.urandom(MiB))
+    m = _mount(mounts, near, "--metadata-ttl", "0", cache="cache-a", mnt="mnt-a")
+    gdir = os.path.join(m.mountpoint, "g")
+    assert _tierfs("warm", "--tier", "near", gdir).returncode == 0
+    s3.put_object(Bucket=bucket, Key="g/a.bin", Body=os.urandom(MiB))  # a's copy goes stale
+    dry = _tierfs("gc", "--tier", "near", m.mountpoint, "--dry-run")
+    assert dry.returncode == 0, dry.stderr
+    assert "3 copies; 1 stale (1.0 MiB)" in dry.stdout and "would go" in dry.stdout, dry.stdout
+    assert _copied(near, "g/b.bin", _etag(s3, bucket, "g/b.bin"))
+    r = _tierfs("gc", "--tier", "near", m.mountpoint, "--json")
+    assert r.returncode == 0, r.stderr
+    import json
+    got = json.loads(r.stdout)
+    assert (got["stale"], got["kept"], got["removed_bytes"]) == (1, 2, MiB)
+    listed = near.s3.list_objects_v2(Bucket=near.bucket, Prefix=near.prefix).get("Contents", [])
+    assert sorted(o["Key"] for o in listed) == [near.key("g/b.bin"), near.key("g/c.bin")]
+    ev = _tierfs("evict", "--tier", "near", os.path.join(gdir, "b.bin"))
+    assert ev.returncode == 0, ev.stderr
+    listed = near.s3.list_objects_v2(Bucket=near.bucket, Prefix=near.prefix).get("Contents", [])
+    assert [o["Key"] for o in listed] == [near.key("g/c.bin")]
+    assert _read(m, "g/b.bin")  # the source keeps the file
+    bad = _tierfs("gc", "--tier", "near")
+    assert bad.returncode != 0 and len(bad.stderr.strip().splitlines()) == 1

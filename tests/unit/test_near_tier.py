@@ -188,3 +188,28 @@ async def test_warm_near_copies_from_the_source_and_keeps_nothing_locally(tmp_pa
         again = await a.core.warmer.warm(["w"], tier="near")
         assert again["bytes_fetched"] == 0
         assert again["bytes_cached_before"] == r["bytes_fetched"]
+
+
+async def test_gc_removes_stale_copies_then_the_oldest_over_the_budget(tmp_path):
+    near = _near_dir(tmp_path)
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in ("a", "b", "c", "d"):
+        write(str(src), f"g/{name}", os.urandom(CS))
+    async with core(str(tmp_path / "a"), near=near, backend=FileBackend(str(src)),
+                    bucket=str(src)) as a:
+        await a.core.warmer.warm(["g"], tier="near")
+        write(str(src), "g/a", os.urandom(CS + 1))  # a's copy is of an older version now
+        os.unlink(os.path.join(src, "g", "b"))  # b is gone from the source
+        write(str(near.root), "foreign", b"not a copy")  # no version in its metadata
+        for age, name in ((300, "c"), (100, "d")):  # c was copied before d
+            t = os.path.getmtime(os.path.join(near.root, "g", name)) - age
+            os.utime(os.path.join(near.root, "g", name), (t, t))
+        dry = await a.core.near_gc(None, True)
+        assert (dry["stale"], dry["kept"], dry["not_copies"]) == (2, 2, 1)
+        assert os.path.exists(os.path.join(near.root, "g", "a"))  # a dry run removes nothing
+        r = await a.core.near_gc(CS + 10 + 5, False)  # room for one copy and the foreign
+        assert (r["stale"], r["over_budget"], r["kept"], r["error_count"]) == (2, 1, 1, 0)
+    left = sorted(os.path.relpath(os.path.join(d, f), near.root)
+                  for d, _, fs in os.walk(near.root) for f in fs)
+    assert left == ["foreign", "g/d"]  # the oldest copy (c) went for the budget

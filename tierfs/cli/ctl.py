@@ -437,10 +437,31 @@ def _warm_summary(mount: TierfsMount, r: dict, check: bool) -> str:
     return text + (f"; {r['error_count']} errors" if r.get("error_count") else "")
 
 
+def near_gc(mountpoint: str, budget: int | None, dry_run: bool, as_json: bool) -> int:
+    """`tierfs gc --tier near MOUNTPOINT` (cli/gc.py hands it over): the mount's near store
+    collected by its daemon, which knows both stores (tierfs/read/neargc.py)."""
+    mount, _ = locate(os.path.abspath(mountpoint), tierfs_mounts())
+    fields: dict[str, object] = {"dry_run": dry_run}
+    if budget is not None:
+        fields["budget"] = budget
+    r = request(mount, "near_gc", on_event=None, **fields)
+    if as_json:
+        _emit_json({"mountpoint": mount.mountpoint, **r})
+    else:
+        would = "would go" if dry_run else "removed"
+        print(f"{mount.mountpoint}: near store: {r['copies']} copies; {r['stale']} stale "
+              f"({format_size(r['stale_bytes'])}) and {r['over_budget']} over the budget "
+              f"({format_size(r['over_budget_bytes'])}) {would}; {r['kept']} kept "
+              f"({format_size(r['kept_bytes'])}); {r['not_copies']} other objects left alone")
+    _report_errors(r)
+    return 1 if r.get("error_count") else 0
+
+
 def _evict(args: argparse.Namespace) -> int:
     groups, status = group_by_mount(args.paths)
     for mount, rels in groups.items():
-        res = request(mount, "evict", paths=rels)
+        res = request(mount, "evict", on_event=None, paths=rels,
+                      **({"tier": "near"} if args.tier == "near" else {}))
         if args.json:
             _emit_json({"mountpoint": mount.mountpoint, **res})
         else:
@@ -674,6 +695,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
 
     e = sub.add_parser("evict", help="drop files, directories or globs from the cache")
     e.add_argument("paths", nargs="+", metavar="PATH")
+    e.add_argument("--tier", choices=("local", "near"), default="local",
+                   help="near: remove the near store's copies of the files (docs/tiers.md)")
     e.add_argument("--json", action="store_true")
     e.set_defaults(run=_evict)
 

@@ -47,8 +47,8 @@ import time
 from dataclasses import asdict, dataclass, field
 
 from ..cachedir import ENTRIES, INDEX, JOURNAL, LOCK, LOG, Layout
-from ..config import format_size, printable
-from ..errors import TierfsError
+from ..config import format_size, parse_size, printable
+from ..errors import TierfsError, UsageError
 from ..index.journal import JournalState, scan_bytes
 from ..mount.mountinfo import mounts
 
@@ -385,6 +385,15 @@ def _days(text: str) -> float:
 
 
 def _run(args: argparse.Namespace) -> int:
+    if args.tier == "near":
+        if not args.mountpoint:
+            raise UsageError("gc --tier near needs the MOUNTPOINT of a mount with --tier")
+        from .ctl import near_gc
+
+        budget = None if args.near_size is None else parse_size(args.near_size, "near-size")
+        return near_gc(args.mountpoint, budget, args.dry_run, args.json)
+    if args.mountpoint or args.near_size:
+        raise UsageError("MOUNTPOINT and --near-size go with --tier near")
     try:
         report = collect(args.cache_root, args.min_age, args.dry_run)
     except GcRefused as exc:
@@ -417,4 +426,10 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--min-age", type=_days, default=DEFAULT_MIN_AGE_DAYS, metavar="DAYS",
                    help="remove a dir only if not used for this many days (default 7)")
     g.add_argument("--json", action="store_true", help="print one JSON object")
+    g.add_argument("--tier", choices=("local", "near"), default="local",
+                   help="near: the near store of the mount at MOUNTPOINT: stale copies, then "
+                        "the oldest over its near_size (docs/tiers.md)")
+    g.add_argument("mountpoint", nargs="?", metavar="MOUNTPOINT", help="with --tier near")
+    g.add_argument("--near-size", metavar="SIZE",
+                   help="with --tier near: the budget (default the mount's near_size)")
     g.set_defaults(run=_run)

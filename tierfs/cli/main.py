@@ -76,6 +76,7 @@ _MOUNT_OPTIONS = [
     ("--tier-endpoint-url", "tier_endpoint_url", "the near store's S3 endpoint"),
     ("--tier-region", "tier_region", "the near store's S3 region"),
     ("--tier-profile", "tier_profile", "AWS profile with the near store's credentials"),
+    ("--near-size", "near_size", "the near store's budget for `tierfs gc --tier near`"),
     ("--promote", "promote", "copy what the source answered to the near store: all "
      "(default) or none"),
     ("--peers", "peers", "peer tier: file:PATH, dns:NAME:PORT or slurm (docs/peers.md)"),

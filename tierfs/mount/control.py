@@ -27,13 +27,13 @@ import stat
 import struct
 import tempfile
 import time
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 import trio
 
 from .. import protocol, runpaths
 from ..cache import ChunkCache
-from ..errors import StartupError, TierfsError, UsageError
+from ..errors import InvalidArgument, StartupError, TierfsError, UsageError
 from ..metrics import Metrics
 from ..peers import PeerTier
 from ..protocol import (
@@ -42,6 +42,7 @@ from ..protocol import (
     PROTOCOL,
     EvictRequest,
     JobFilesRequest,
+    NearGcRequest,
     PodRequest,
     ReportRequest,
     Request,
@@ -69,7 +70,9 @@ class ControlServer:
                  peers: PeerTier | None = None, usage: "Usage | None" = None,
                  capacity: CapacityHistory | None = None,
                  stalls: "StallLog | None" = None,
-                 near: Callable[[], dict | None] | None = None) -> None:
+                 near: Callable[[], dict | None] | None = None,
+                 near_gc: Callable[[int | None, bool], Awaitable[dict]] | None = None,
+                 ) -> None:
         self.path = path
         self.warmer = warmer
         self.cache = cache
@@ -79,6 +82,7 @@ class ControlServer:
         self.warm_concurrency = warm_concurrency
         self.peers = peers
         self._near = near  # the near store's state (docs/tiers.md), None without --tier
+        self._near_gc = near_gc
         # bytes read and stalls per tenant and reader (tierfs/telemetry/usage.py)
         self.usage = usage
         self.capacity = capacity  # the sampled history behind `usage --forecast`
@@ -219,7 +223,12 @@ class ControlServer:
         return result
 
     async def evict(self, req: EvictRequest, send: Any) -> dict:
-        return await self.warmer.evict(req.paths)
+        return await self.warmer.evict(req.paths, tier=req.tier)
+
+    async def near_gc(self, req: NearGcRequest, send: Any) -> dict:
+        if self._near_gc is None:
+            raise InvalidArgument("this mount has no near store (--tier)")
+        return await self._near_gc(req.budget, req.dry_run)
 
     async def unpin(self, req: UnpinRequest, send: Any) -> dict:
         pins = self.cache.pins
@@ -323,7 +332,8 @@ _OPS: dict[type[Request], Callable[..., Any]] = {
     StatusRequest: ControlServer.status, WarmRequest: ControlServer.warm,
     EvictRequest: ControlServer.evict, UnpinRequest: ControlServer.unpin,
     UsageRequest: ControlServer.usage_of, ReportRequest: ControlServer.report,
-    JobFilesRequest: ControlServer.job_files, PodRequest: ControlServer.pod}
+    JobFilesRequest: ControlServer.job_files, PodRequest: ControlServer.pod,
+    NearGcRequest: ControlServer.near_gc}
 
 
 def prepare_socket_dir(path: str) -> str:

@@ -43,7 +43,7 @@ from ..cache.memory import MemoryTier
 from ..cache.tier import Bytes, Want
 from ..cachedir import Layout
 from ..config import MountConfig, read_peer_secret
-from ..errors import StartupError
+from ..errors import InvalidArgument, StartupError
 from ..files.exclusive import ConditionalWrites
 from ..files.fileio import FileIO
 from ..files.namespace import Namespace
@@ -51,6 +51,7 @@ from ..index.meta import MetaStore
 from ..metrics import Metrics
 from ..peers import Membership, Peer, PeerClient, PeerServer, PeerTier
 from ..peers.wire import MAX_CHUNK
+from ..read import neargc
 from ..read.dirahead import DirReadAhead
 from ..read.near import NearSource
 from ..read.prefetch import Prefetcher
@@ -128,6 +129,14 @@ class Core:
                 "promotions": None if promoter is None else {
                     "pending": promoter.pending(), "copied": promoter.copied,
                     "copied_bytes": promoter.copied_bytes}}
+
+    async def near_gc(self, budget: int | None, dry_run: bool) -> dict:
+        """`tierfs gc --tier near`: tierfs/read/neargc.py, with the mount's near_size."""
+        if self.near is None or self.cfg.tier is None:
+            raise InvalidArgument("this mount has no near store (--tier)")
+        return await neargc.collect(
+            self.near.backend, self.cfg.tier.prefix, self.backend, self.cfg.source.prefix,
+            budget=self.cfg.near_size if budget is None else budget, dry_run=dry_run)
 
     def cancel(self) -> None:
         """Stop every background task now (the daemon at unmount, after its drain)."""

@@ -154,7 +154,7 @@ async def _serve_locked(cfg: MountConfig, cache_dir: str, on_ready: Callable[[],
                   "cache_dir": cache_dir},
             uploads_pending=wb.pending, warm_concurrency=cfg.warm_concurrency,
             peers=core.peers, usage=core.usage, capacity=core.capacity, stalls=core.stalls,
-            near=core.near_status)
+            near=core.near_status, near_gc=core.near_gc if core.near is not None else None)
         ops = FuseOps(cfg, core.namespace, core.fileio, core.cache, metrics)
         options = set(pyfuse3.default_options)
         options |= {"fsname=tierfs", "subtype=tierfs", "default_permissions"}

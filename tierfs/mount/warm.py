@@ -425,9 +425,12 @@ class Warmer:
                 "unsaved_files": ws.unsaved, "fits": True,
                 "errors": errors[:MAX_REPORTED_ERRORS], "error_count": len(errors)}
 
-    async def evict(self, patterns: list[str]) -> dict:
-        """Drop the set's cached chunks (pinned files are kept and counted)."""
+    async def evict(self, patterns: list[str], tier: str = "local") -> dict:
+        """Drop the set's cached chunks (pinned files are kept and counted); `tier` near:
+        remove the near store's copies of the set instead (the source keeps the files)."""
         ws = await self.resolve(patterns)
+        if tier == "near":
+            return await self._evict_near(ws)
         freed = kept = 0
         for _, obj in ws.files:
             if obj.oid in self.cache.pins:
@@ -439,6 +442,23 @@ class Warmer:
         await self.cache.flush_index()
         return {"files": len(ws.files), "bytes_evicted": freed, "pinned_kept": kept,
                 "errors": ws.errors[:MAX_REPORTED_ERRORS], "error_count": len(ws.errors)}
+
+    async def _evict_near(self, ws: WarmSet) -> dict:
+        near = self.near
+        if near is None:
+            raise InvalidArgument("this mount has no near store (--tier)")
+        freed = 0
+        errors = list(ws.errors)
+        for path, obj in ws.files:
+            try:
+                if await near.present(obj):
+                    await near.near.delete(near.prefix + obj.key)
+                    freed += obj.size
+            except TierfsError as exc:
+                errors.append({"path": path, "error": str(exc)})
+        return {"files": len(ws.files), "bytes_evicted": freed, "pinned_kept": 0,
+                "tier": "near", "errors": errors[:MAX_REPORTED_ERRORS],
+                "error_count": len(errors)}
 
     async def unpin(self, patterns: list[str]) -> dict:
         ws = await self.resolve(patterns)
