@@ -1023,6 +1023,12 @@ def read_config_file(path: str) -> dict[str, object]:
     except UnicodeDecodeError:
         raise UsageError(f"{path}: invalid TOML: not UTF-8 text") from None
     out: dict[str, object] = {}
+    if "tiers" in data:  # [[tiers]]: the object-store tiers before the source
+        data = {**data}
+        for key, value in _tiers_table(path, data.pop("tiers")).items():
+            if key in data or key.replace("_", "-") in data:
+                raise UsageError(f"{path}: {key!r} is given both at the top and in [[tiers]]")
+            data[key] = value
     for raw_key, value in data.items():
         key = raw_key.replace("-", "_")
         if key in out:
@@ -1031,6 +1037,30 @@ def read_config_file(path: str) -> dict[str, object]:
         if key not in OPTIONS and key not in ("source", "mountpoint"):
             raise UsageError(f"{path}: unknown option {_show(raw_key)}")
         out[key] = _check_toml_value(path, key, value)
+    return out
+
+
+_TIER_KEYS = {"url": "tier", "endpoint_url": "tier_endpoint_url", "region": "tier_region",
+              "profile": "tier_profile", "promote": "promote", "size": "near_size"}
+
+
+def _tiers_table(path: str, tiers: object) -> dict[str, object]:
+    """`[[tiers]]` (docs/tiers.md): a list of tables of one near store each, as the
+    options they stand for. One near store is supported for now."""
+    if not isinstance(tiers, list) or not all(isinstance(t, dict) for t in tiers):
+        raise UsageError(f"{path}: tiers: expected [[tiers]] tables with url = \"s3://...\"")
+    if len(tiers) != 1:
+        raise UsageError(f"{path}: tiers: {len(tiers)} tiers given; one near store is "
+                         f"supported (the source is the last tier)")
+    out: dict[str, object] = {}
+    for raw, value in tiers[0].items():
+        key = raw.replace("-", "_")
+        if key not in _TIER_KEYS:
+            raise UsageError(f"{path}: tiers: unknown key {_show(raw)} (known: "
+                             f"{', '.join(sorted(_TIER_KEYS))})")
+        out[_TIER_KEYS[key]] = value
+    if "tier" not in out:
+        raise UsageError(f"{path}: tiers: url is required (s3://BUCKET[/PREFIX])")
     return out
 
 
