@@ -34,10 +34,20 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import datagen  # noqa: E402
-import run  # noqa: E402  (bench/run.py: the read benchmark and the shared helpers)
-from run import (BUCKET, GiB, MiB, BenchError, TierfsMount, drop_caches,  # noqa: E402
-                 free_port, log, mem_available, proc_cpu)
+import datagen
+import run
+from run import (
+    BUCKET,
+    BenchError,
+    GiB,
+    MiB,
+    TierfsMount,
+    drop_caches,
+    free_port,
+    log,
+    mem_available,
+    proc_cpu,
+)
 
 SEED = 900
 READ = MiB  # the nodes' read() size
@@ -224,15 +234,7 @@ class PeersBench:
                 self.lines.append(self.one(n, peers))
 
     def cleanup(self) -> None:
-        for m in self.mounts:
-            try:
-                m.unmount()
-            except Exception as exc:  # noqa: BLE001 - keep cleaning up
-                log(f"warning: unmount {m.mnt}: {exc!r}")
-        try:
-            self.rgw.stop()
-        except Exception as exc:  # noqa: BLE001
-            log(f"warning: RGW stop: {exc!r}")
+        run.run_all([*(m.unmount for m in self.mounts), self.rgw.stop])
 
 
 class _Bytes:

@@ -1145,12 +1145,17 @@ class Bench:
         self.row_7()
 
     def cleanup(self) -> None:
-        for step in ([self.memfs.stop] if self.memfs else []) + \
-                    [m.unmount for m in self.mounts] + [self.rgw.stop]:
-            try:
-                step()
-            except Exception as exc:  # noqa: BLE001 - keep cleaning up
-                log(f"warning: cleanup step failed: {exc!r}")
+        run_all(([self.memfs.stop] if self.memfs else []) + [m.unmount for m in self.mounts]
+                + [self.rgw.stop])
+
+
+def run_all(steps) -> None:
+    """A bench's cleanup: every step, whatever the others did (one warning line each)."""
+    for step in steps:
+        try:
+            step()
+        except Exception as exc:  # noqa: BLE001 - keep cleaning up
+            log(f"warning: cleanup step failed: {exc!r}")
 
 
 def stop_on_signals() -> None:

@@ -46,6 +46,12 @@ were added; the first that fires is applied, at most one per request. A rule wit
 down()/up() stop and resume listening (connects get ECONNREFUSED; open connections are
 reset). heal() removes every rule, releases every hang and listens again.
 
+WAN. wan(rtt_s, bandwidth) makes the proxy a far link (the cloud bucket behind a WAN,
+bench/tiers.py): every request is forwarded `rtt_s` late, and request bodies (up) and
+response bodies (down) each go through a bandwidth cap of `bandwidth` bytes/s shared by
+every connection (a token bucket per direction). wan(0, None) ends it. `bytes_up` and
+`bytes_down` count the body bytes relayed, with or without WAN mode: what crossed the link.
+
 Op kinds (classify()): GET, HEAD, LIST (ListObjects/V2), PUT, CreateMultipart, UploadPart,
 Complete, Abort, Delete (also DeleteObjects), Copy (CopyObject and UploadPartCopy),
 HeadBucket, ListUploads (ListMultipartUploads), Other.
@@ -369,6 +375,11 @@ class FaultProxy:
         self._release: trio.Event | None = None
         self._listener = None
         self._nursery: trio.Nursery | None = None
+        self._rtt_s = 0.0
+        self._bandwidth: float | None = None
+        self._free_at = {"up": 0.0, "down": 0.0}  # trio time each direction's link is free
+        self.bytes_up = 0
+        self.bytes_down = 0
 
     # -------------------------------------------------------------- life cycle
     @property
@@ -505,6 +516,26 @@ class FaultProxy:
         listener = await self._listen()
         self._nursery.start_soon(self._accept_loop, listener)
 
+    def wan(self, rtt_s: float, bandwidth: float | None) -> None:
+        """A far link: each request `rtt_s` late, bodies capped at `bandwidth` bytes/s per
+        direction (None: no cap)."""
+        self._rtt_s = rtt_s
+        self._bandwidth = bandwidth
+
+    async def _pace(self, direction: str, n: int) -> None:
+        """Count n body bytes; under a bandwidth cap, wait for their turn on the link."""
+        if direction == "up":
+            self.bytes_up += n
+        else:
+            self.bytes_down += n
+        bw = self._bandwidth
+        if not bw or not n:
+            return
+        now = trio.current_time()
+        start = max(now, self._free_at[direction])
+        self._free_at[direction] = start + n / bw
+        await trio.sleep_until(self._free_at[direction])
+
     def heal(self) -> None:
         """The store is healthy again: no rules, no held requests, listening."""
         self.clear()
@@ -606,6 +637,10 @@ class FaultProxy:
                                 return
                             up_reader = _Reader(upstream)
                         try:
+                            if self._rtt_s and attempt == 1:
+                                await trio.sleep(self._rtt_s)
+                            if attempt == 1:
+                                await self._pace("up", len(body))
                             try:
                                 await upstream.send_all(out + body)
                             except (trio.BrokenResourceError, OSError):
@@ -717,6 +752,7 @@ class FaultProxy:
 
         async def send(data: bytes) -> bool:
             """Payload bytes through the fault; False once the connection is cut."""
+            await self._pace("down", len(data))
             if body_fault is not None:
                 data, cut = body_fault.apply(data)
                 if data:

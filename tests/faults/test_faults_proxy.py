@@ -122,3 +122,23 @@ def test_every_fault_kind(rgw, proxy, bucket, s3):
         assert rule.injected == sum(seen)
         draws.append(seen)
     assert draws[0] == draws[1] and 0 < sum(draws[0]) < 16
+
+
+def test_wan_mode_delays_caps_and_counts(rgw, proxy, bucket, s3):
+    """bench/tiers.py's far link: the bytes each way are counted, and with a cap of
+    2 MiB/s a 1 MiB body takes at least half a second (a lower bound only: the machine
+    may be slower, never faster)."""
+    c = _client(rgw, proxy)
+    data = fkit.payload("wan", 1 << 20)
+    up0, down0 = proxy.bytes_up, proxy.bytes_down
+    c.put_object(Bucket=bucket, Key="w", Body=data)
+    assert proxy.bytes_up - up0 == len(data)
+    proxy.wan(0.05, 2 << 20)
+    try:
+        t0 = time.monotonic()
+        assert c.get_object(Bucket=bucket, Key="w")["Body"].read() == data
+        took = time.monotonic() - t0
+    finally:
+        proxy.wan(0, None)
+    assert proxy.bytes_down - down0 == len(data)
+    assert took >= 0.05 + 0.5
