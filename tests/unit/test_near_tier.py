@@ -12,7 +12,7 @@ import trio
 from tierfs.backend.file import FileBackend
 from tierfs.cache import ObjectVersion
 from tierfs.index.inodes import ROOT_INO
-from tierfs.read.near import NEAR_ETAG, NEAR_SIZE
+from tierfs.read.near import NEAR_ETAG, NEAR_MAKING, NEAR_SIZE
 
 from faultkit import FaultBackend, error, unavailable
 from unitkit import core, sample, write
@@ -213,3 +213,21 @@ async def test_gc_removes_stale_copies_then_the_oldest_over_the_budget(tmp_path)
     left = sorted(os.path.relpath(os.path.join(d, f), near.root)
                   for d, _, fs in os.walk(near.root) for f in fs)
     assert left == ["foreign", "g/d"]  # the oldest copy (c) went for the budget
+
+
+async def test_gc_removes_a_copy_a_crash_left_half_made_once_it_is_old(tmp_path):
+    near = _near_dir(tmp_path)
+    src = tmp_path / "src"
+    src.mkdir()
+    write(str(src), "h/x", os.urandom(CS))
+    async with core(str(tmp_path / "a"), near=near, backend=FileBackend(str(src)),
+                    bucket=str(src)) as a:
+        etag = FileBackend(str(src)).head("h/x").etag
+        for name, age in (("h/x", 7200), ("h/y", 60)):  # completed, final metadata not set
+            near.put(name, b"half", {NEAR_MAKING: etag})
+            t = os.path.getmtime(os.path.join(near.root, name)) - age
+            os.utime(os.path.join(near.root, name), (t, t))
+        r = await a.core.near_gc(None, False)
+        assert (r["stale"], r["not_copies"]) == (1, 1)
+    assert not os.path.exists(os.path.join(near.root, "h", "x"))
+    assert os.path.exists(os.path.join(near.root, "h", "y"))  # may still be being made

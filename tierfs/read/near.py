@@ -30,6 +30,9 @@ log = logging.getLogger(__name__)
 
 NEAR_ETAG = "tierfs-origin-etag"  # user metadata of a near copy: the source's ETag
 NEAR_SIZE = "tierfs-origin-size"  # and its size
+# the metadata of a copy being made (completed, its final metadata not set yet): never
+# served; `tierfs gc --tier near` removes one left behind by a crash (neargc.py)
+NEAR_MAKING = "tierfs-copy-of"
 LOG_EVERY_S = 60.0  # one log line per this long for failures the health does not log
 
 

@@ -8,22 +8,26 @@ version. The collection, run on a mount that has the near store (it knows both s
    the copy names (its metadata, one HEAD per copy) is not the source's;
 3. if a budget is given, removes the least recently written copies (the promotion or warm
    that made them) until the rest fit in it.
-Anything under the near prefix that is not a copy (no version in its metadata: a foreign
-object, or a copy whose final metadata step did not run) is left alone and counted: only
-what is provably on the source is ever removed. `dry_run` says what would go.
+A copy left half-made by a crash (near.NEAR_MAKING, no version: promote.py) is removed
+once it is MAKING_MAX_AGE_S old. Anything else under the near prefix that is not a copy
+(a foreign object) is left alone and counted: only what is provably on the source, or
+provably an abandoned copy of it, is ever removed. `dry_run` says what would go.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 
 from ..backend.base import ObjectMeta
 from ..backend.runner import AsyncBackend
 from ..errors import NotFound
-from .near import NEAR_ETAG
+from .near import NEAR_ETAG, NEAR_MAKING
 
 log = logging.getLogger(__name__)
+
+MAKING_MAX_AGE_S = 3600.0  # a copy still being made after this long was abandoned
 
 
 @dataclass
@@ -31,6 +35,7 @@ class _Copy:
     near: ObjectMeta  # the near store's object (key, size, mtime)
     key: str  # the source key it is a copy of
     version: str | None  # the source ETag it names; None: not a copy
+    making: bool = False  # a copy being made (or abandoned half-made)
 
 
 async def _list_all(store: AsyncBackend, prefix: str) -> list[ObjectMeta]:
@@ -46,7 +51,7 @@ async def _list_all(store: AsyncBackend, prefix: str) -> list[ObjectMeta]:
 
 async def collect(near: AsyncBackend, near_prefix: str, source: AsyncBackend,
                   source_prefix: str, *, budget: int | None = None,
-                  dry_run: bool = False) -> dict:
+                  dry_run: bool = False, now: float | None = None) -> dict:
     """Remove stale copies, then the oldest until `budget` bytes remain; a summary."""
     copies: list[_Copy] = []
     for obj in await _list_all(near, near_prefix):
@@ -55,11 +60,17 @@ async def collect(near: AsyncBackend, near_prefix: str, source: AsyncBackend,
             meta = await near.head(obj.key)
         except NotFound:
             continue  # removed meanwhile
-        copies.append(_Copy(obj, key, (meta.metadata or {}).get(NEAR_ETAG)))
+        md = meta.metadata or {}
+        copies.append(_Copy(obj, key, md.get(NEAR_ETAG), NEAR_MAKING in md))
     current = {o.key: o.etag for o in await _list_all(source, source_prefix)}
     stale = [c for c in copies if c.version is not None and current.get(c.key) != c.version]
     kept = [c for c in copies if c.version is not None and current.get(c.key) == c.version]
-    foreign = [c for c in copies if c.version is None]
+    now = time.time() if now is None else now
+    abandoned = [c for c in copies if c.version is None and c.making
+                 and now - c.near.mtime > MAKING_MAX_AGE_S]
+    stale += abandoned
+    gone = {id(c) for c in abandoned}
+    foreign = [c for c in copies if c.version is None and id(c) not in gone]
     over: list[_Copy] = []
     if budget is not None:
         total = sum(c.near.size for c in kept) + sum(c.near.size for c in foreign)

@@ -8,9 +8,11 @@ the near store. The copy becomes visible as a copy of its version only whole, wi
 source's ETag and size in its metadata (near.NEAR_ETAG) and the CRC32C of each chunk
 (tierfs/integrity.py) so later reads of it are verified:
 - an object of one part: one PUT with all of it;
-- a bigger one: a multipart upload without NEAR_ETAG, completed, then copied onto
-  itself with the metadata (one request, metadata-only on Ceph RGW); when its CRCs do not
-  fit in S3's 2 KB of metadata (> 2.3 GiB with 8 MiB chunks), NEAR_ETAG from the start.
+- a bigger one: a multipart upload marked NEAR_MAKING (not NEAR_ETAG), completed, then
+  copied onto itself with the metadata (one request, metadata-only on Ceph RGW); when its
+  CRCs do not fit in S3's 2 KB of metadata (> 2.3 GiB with 8 MiB chunks), NEAR_ETAG from
+  the start. A crash between the two leaves a NEAR_MAKING object: never served, and
+  removed by `tierfs gc --tier near` once it is an hour old.
 A half-written copy is therefore never a copy of anything. A failure costs the copy,
 never a read: it is logged once per minute and counted in tierfs_tier_promotions_total.
 
@@ -36,7 +38,7 @@ from ..cache.tier import Bytes, chunk_length
 from ..errors import NotFound, PreconditionFailed, TierfsError
 from ..integrity import chunk_crcs_metadata, crc32c
 from ..metrics import Metrics
-from .near import NEAR_ETAG, near_metadata
+from .near import NEAR_ETAG, NEAR_MAKING, near_metadata
 
 log = logging.getLogger(__name__)
 
@@ -160,7 +162,8 @@ class Promoter:
         # the CRCs are known only at the end: if they will fit, the version's metadata
         # comes with them in the final copy, so the upload is no copy of anything before
         fits = bool(chunk_crcs_metadata(self.chunk_size, [0] * n))
-        upload = await self.near.mpu_create(key, None if fits else near_metadata(obj))
+        upload = await self.near.mpu_create(
+            key, {NEAR_MAKING: obj.etag} if fits else near_metadata(obj))
         crcs: list[int] = []
         parts: list[tuple[int, str]] = []
         try:
