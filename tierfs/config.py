@@ -645,6 +645,8 @@ class MountConfig(BaseModel):
         lambda v: None if v is None else _region_value(v))] = _field(
         None, "text", "letters, digits, `.` `_` `-`",
         "AWS profile of the near store's credentials")
+    tier_timeout: Annotated[Duration, _duration_range(lo_open=True, hi=600.0)] = _field(
+        5.0, "duration", ">0 - 10m", "a near store slower than this: read from the source")
     near_size: Annotated[int | None, BeforeValidator(
         lambda v: None if v is None else _size_value(v))] = _field(
         None, "size", "0 - 1P", "the near store's budget for `tierfs gc --tier near`")

@@ -17,11 +17,18 @@ def open_tier_backend(cfg: MountConfig) -> Backend:
     """The near store's backend (--tier, docs/tiers.md), with its own endpoint, region and
     credentials profile, and the source's timeouts and retries."""
     assert cfg.tier is not None
-    return _open(cfg, cfg.tier, cfg.tier_endpoint_url, cfg.tier_region, cfg.tier_profile)
+    # a read asks the source once the near store has not answered in tier_timeout, so a
+    # hanging near store costs a read seconds, not the source's minutes of retries
+    return _open(cfg, cfg.tier, cfg.tier_endpoint_url, cfg.tier_region, cfg.tier_profile,
+                 timeout_s=cfg.tier_timeout, max_attempts=NEAR_ATTEMPTS)
+
+
+NEAR_ATTEMPTS = 2  # botocore attempts of a near store request
 
 
 def _open(cfg: MountConfig, where: Source, endpoint_url: str | None, region: str | None,
-          profile: str | None) -> Backend:
+          profile: str | None, *, timeout_s: float | None = None,
+          max_attempts: int | None = None) -> Backend:
     if where.scheme == "file":
         from .file import FileBackend
 
@@ -31,4 +38,5 @@ def _open(cfg: MountConfig, where: Source, endpoint_url: str | None, region: str
     return S3Backend(where.bucket, endpoint_url=endpoint_url, region=region, profile=profile,
                      # every thread of both lanes (readers, warm) may hold a connection
                      max_connections=cfg.backend_concurrency + cfg.warm_concurrency + 4,
-                     timeout_s=cfg.backend_timeout, max_attempts=cfg.backend_retries)
+                     timeout_s=cfg.backend_timeout if timeout_s is None else timeout_s,
+                     max_attempts=cfg.backend_retries if max_attempts is None else max_attempts)

@@ -76,6 +76,8 @@ _MOUNT_OPTIONS = [
     ("--tier-endpoint-url", "tier_endpoint_url", "the near store's S3 endpoint"),
     ("--tier-region", "tier_region", "the near store's S3 region"),
     ("--tier-profile", "tier_profile", "AWS profile with the near store's credentials"),
+    ("--tier-timeout", "tier_timeout", "a near store slower than this: read from the source "
+     "(5s)"),
     ("--near-size", "near_size", "the near store's budget for `tierfs gc --tier near`"),
     ("--promote", "promote", "copy what the source answered to the near store: all "
      "(default) or none"),
