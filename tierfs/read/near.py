@@ -12,10 +12,9 @@ While the near store is known down (its BackendHealth) it is not asked at all, a
 a failed GET (a timeout after --tier-timeout, a 5xx, bytes that fail their CRCs) reads
 skip it for a cool-down (COOL_MIN_S, doubling up to COOL_MAX_S while it keeps failing):
 a near store that hangs on GETs while answering its bucket check costs one read one
-timeout, not every read. What the
-source answered is offered to the promoter (promote.py), which copies the object here.
-Bytes are checked where they are received (tierfs/integrity.py): a copy carries the
-chunk CRC32Cs the promoter computed.
+timeout, not every read. What the source answered is offered to the promoter
+(promote.py), which copies the object here. Bytes are checked where they are received
+(tierfs/integrity.py): a copy carries the chunk CRC32Cs the promoter computed.
 """
 
 from __future__ import annotations
