@@ -340,6 +340,13 @@ def _region_value(value: object) -> str:
     return text
 
 
+def _profile_value(value: object) -> str:
+    text = check_text(value, max_len=64, what="a profile name")
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}", text, re.ASCII):
+        raise ValueError("expected an AWS profile name (letters, digits, . _ -)")
+    return text
+
+
 def _path_value(value: object) -> str:
     text = check_text(value, what="a path")
     if not text:
@@ -642,13 +649,14 @@ class MountConfig(BaseModel):
         lambda v: None if v is None else _region_value(v))] = _field(
         None, "text", "letters, digits, `.` `_` `-`", "the near store's S3 region")
     tier_profile: Annotated[str | None, BeforeValidator(
-        lambda v: None if v is None else _region_value(v))] = _field(
+        lambda v: None if v is None else _profile_value(v))] = _field(
         None, "text", "letters, digits, `.` `_` `-`",
         "AWS profile of the near store's credentials")
     tier_timeout: Annotated[Duration, _duration_range(lo_open=True, hi=600.0)] = _field(
         5.0, "duration", ">0 - 10m", "a near store slower than this: read from the source")
     near_size: Annotated[int | None, BeforeValidator(
-        lambda v: None if v is None else _size_value(v))] = _field(
+        lambda v: None if v is None else _size_value(v)), AfterValidator(
+        lambda v: v if v is None else _ranged(0, MAX_CACHE_SIZE, _show_size)(v))] = _field(
         None, "size", "0 - 1P", "the near store's budget for `tierfs gc --tier near`")
     promote: Annotated[Literal["all", "none"], BeforeValidator(
         lambda v: v.strip().lower() if isinstance(v, str) else v)] = _field(
@@ -1043,7 +1051,8 @@ def read_config_file(path: str) -> dict[str, object]:
 
 
 _TIER_KEYS = {"url": "tier", "endpoint_url": "tier_endpoint_url", "region": "tier_region",
-              "profile": "tier_profile", "promote": "promote", "size": "near_size"}
+              "profile": "tier_profile", "timeout": "tier_timeout", "promote": "promote",
+              "size": "near_size"}
 
 
 def _tiers_table(path: str, tiers: object) -> dict[str, object]:

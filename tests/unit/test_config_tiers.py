@@ -35,6 +35,10 @@ def test_keywords_and_o_options():
     ({"tier": "http://near"}, "invalid tier"),
     ({"tier": "s3://near", "promote": "some"}, "invalid promote"),
     ({"tier": "s3://near", "tier_endpoint_url": "ftp://x"}, "invalid tier-endpoint-url"),
+    ({"tier": "s3://near", "tier_profile": "a b"}, "expected an AWS profile name"),
+    ({"tier": "s3://near", "near_size": "-1G"}, "invalid near-size"),
+    ({"tier": "s3://near", "near_size": "2P"}, "invalid near-size"),
+    ({"tier": "s3://near", "tier_timeout": "0s"}, "invalid tier-timeout"),
 ])
 def test_bad_values_are_one_line(options, why):
     with pytest.raises(UsageError) as exc:
@@ -57,10 +61,11 @@ def _toml(tmp_path, text: str) -> str:
 def test_a_tiers_table_in_toml(tmp_path):
     path = _toml(tmp_path, '[[tiers]]\nurl = "s3://near/copies"\nendpoint-url = '
                            '"http://rgw.dc1:7480"\nprofile = "onprem"\nsize = "10T"\n'
-                           'promote = "none"\n')
+                           'promote = "none"\ntimeout = "2s"\n')
     c = build_config_with_file(path, None, None, {})
     assert (c.tier, c.tier_endpoint_url, c.tier_profile, c.near_size, c.promote) == (
         Source("s3", "near", "copies/"), "http://rgw.dc1:7480", "onprem", 10 << 40, "none")
+    assert c.tier_timeout == 2.0
     # the command line wins over the file
     assert build_config_with_file(path, None, None, {"promote": "all"}).promote == "all"
 
