@@ -395,8 +395,10 @@ class Warmer:
             nonlocal copied
             for path, obj in files:
                 try:
-                    outcome = "present" if await near.present(obj) else (
-                        "missing" if check else await near.copy(obj))
+                    if check:
+                        outcome = "present" if await near.present(obj) else "missing"
+                    else:
+                        outcome = await near.copy(obj)  # "present" after its HEAD
                 except Exception as exc:  # noqa: BLE001 - _failure: the file's error entry
                     why = str(self._failure(exc, warm_id))
                     errors.append({"path": path, "error": why})
