@@ -191,6 +191,10 @@ def test_warm_near_fills_the_near_store_not_this_nodes_cache(rgw, bucket, mounts
     assert refused.returncode != 0 and len(refused.stderr.strip().splitlines()) == 1
 
     b = _mount(mounts, near, cache="cache-b", mnt="mnt-b")
+    # a job's prolog on another node: its cache filled from the near store, not the WAN
+    warm_b = _tierfs("warm", os.path.join(b.mountpoint, "set"))
+    assert warm_b.returncode == 0, warm_b.stderr
+    assert b.counter("tierfs_tier_bytes_total", tier="near", direction="read") == total
     for key, data in files.items():
         assert _read(b, key) == data
     assert b.counter("tierfs_backend_requests_total", op="get") == 0

@@ -231,3 +231,24 @@ async def test_gc_removes_a_copy_a_crash_left_half_made_once_it_is_old(tmp_path)
         assert (r["stale"], r["not_copies"]) == (1, 1)
     assert not os.path.exists(os.path.join(near.root, "h", "x"))
     assert os.path.exists(os.path.join(near.root, "h", "y"))  # may still be being made
+
+
+async def test_a_local_warm_fills_the_cache_from_the_near_store(tmp_path):
+    """A job's prolog (`tierfs warm`) on a node of a fleet with a near store: the chunks
+    come from the near store, not over the WAN; what it lacks comes from the source."""
+    near = _near_dir(tmp_path)
+    src = tmp_path / "src"
+    src.mkdir()
+    files = {f"p/{i}": write(str(src), f"p/{i}", os.urandom(2 * CS + i)) for i in range(3)}
+    async with core(str(tmp_path / "a"), near=near, backend=FileBackend(str(src)),
+                    bucket=str(src)) as a:
+        await a.core.warmer.warm(["p/0", "p/1"], tier="near")
+    async with core(str(tmp_path / "b"), near=near, backend=FileBackend(str(src)),
+                    bucket=str(src), promote="none") as b:
+        r = await b.core.warmer.warm(["p"])
+        assert (r["error_count"], r["bytes_fetched"]) == (0, sum(map(len, files.values())))
+        assert b.core.near.hits == 5  # p/0 (two chunks) and p/1 (three)
+        assert b.gets() == 3  # p/2 from the source
+        for key, data in files.items():
+            assert await _read_all(b, key) == data
+        assert b.gets() == 3  # all of it read from this node's cache

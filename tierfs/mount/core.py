@@ -281,6 +281,7 @@ def _add_near(core: Core, cfg: MountConfig, near: AsyncBackend) -> None:
     offer = core.promoter.offer if core.promoter is not None else None
     core.near = NearSource(near, cfg.tier.prefix, core.cache, cfg.chunk_size, offer=offer)
     walk.sources.insert(walk.sources.index(walk.store), core.near)
+    walk.warm_sources.append(core.near)
     # `tierfs warm --tier near`: straight from the source, this node's tiers left alone
     store = walk.store
 

@@ -50,6 +50,9 @@ class TierWalk:
         self.cached: list[Tier] = [self.memory, self.disk]  # nearest first
         self.store = StoreSource(backend, cache, chunk_size)
         self.sources: list[Tier] = [self.store]  # asked in order on a miss
+        # asked by `warm` before the store (the near store: a job's prolog on a fleet with
+        # one fills the node's cache from it, not over the WAN)
+        self.warm_sources: list[Tier] = []
         self.store_checks = StoreChecks(backend, chunk_size)
         self.flights = Flights()
         self.failures = FailureMemo()
@@ -180,8 +183,9 @@ class TierWalk:
     async def warm(self, obj: ObjectVersion, index: int) -> tuple[int, bool]:
         """Bring a chunk to the disk tier for `tierfs warm`: (bytes fetched, cached now).
 
-        On the backend's warm lane, with the GET's body read straight into the disk tier's
-        write buffer in the same worker thread, and no memory tier (a warm of a large set
+        From the first of `warm_sources` that has it (the near store), else on the
+        backend's warm lane, with the GET's body read straight into the disk tier's write
+        buffer in the same worker thread; no memory tier either way (a warm of a large set
         must not push out what readers use). The fill is awaited here, so the warm's own
         width bounds its bytes in flight. A chunk another request is fetching is waited
         for, not fetched twice; a reader that asks for a chunk being warmed waits for it
@@ -210,6 +214,16 @@ class TierWalk:
             async with self.cache.filling(obj, ckey, length, Fill.WARM) as stored:
                 if stored is None:
                     return 0, self.cache.has(ckey)
+                for tier in self.warm_sources:
+                    data = await tier.get(Want(obj, index, background=True))
+                    if data is None:
+                        continue
+                    try:
+                        crcs = await trio.to_thread.run_sync(self.cache.disk.write, ckey, data)
+                    except OSError as exc:
+                        raise CacheUnwritable(f"cannot write to the cache dir: {exc}") from None
+                    stored(crcs)
+                    return length, True
                 try:
                     crcs = await self.store.backend.warm_get(
                         lambda: self.cache.disk.write_via(ckey, length, fill), length,
