@@ -252,3 +252,26 @@ async def test_a_local_warm_fills_the_cache_from_the_near_store(tmp_path):
         for key, data in files.items():
             assert await _read_all(b, key) == data
         assert b.gets() == 3  # all of it read from this node's cache
+
+
+async def test_near_store_failures_in_warm_and_gc_are_entries_not_crashes(tmp_path):
+    near = FaultBackend(_near_dir(tmp_path))
+    src = tmp_path / "src"
+    src.mkdir()
+    files = {f"e/{i}": write(str(src), f"e/{i}", os.urandom(CS + i)) for i in range(2)}
+    async with core(str(tmp_path / "a"), near=near, backend=FileBackend(str(src)),
+                    bucket=str(src), promote="none") as a:
+        near.inject({"put", "head", "get_into"}, error("injected 503"))
+        r = await a.core.warmer.warm(["e"], tier="near")  # every copy fails: one entry each
+        assert (r["error_count"], r["bytes_fetched"]) == (2, 0)
+        # a local warm goes around the failing near store to the source
+        r = await a.core.warmer.warm(["e"])
+        assert (r["error_count"], r["bytes_fetched"]) == (0, sum(map(len, files.values())))
+        assert a.gets() == 3 and a.core.near.failures >= 1  # e/0: one chunk, e/1: two
+        near.clear()
+        await a.core.warmer.warm(["e"], tier="near")
+        write(str(src), "e/0", os.urandom(CS))  # e/0's copy is stale now
+        near.inject("delete", error("injected 503"))
+        r = await a.core.near_gc(None, False)
+        assert (r["stale"], r["removed_bytes"], r["error_count"]) == (1, 0, 1)
+        assert a.internal_errors("warm") == 0

@@ -1,5 +1,8 @@
 """`tierfs gc [--dry-run] [--cache-root DIR] [--min-age DAYS] [--json]`: retire cache dirs.
 
+(`tierfs gc --tier near MOUNTPOINT` is another collection: the near store of a running
+mount, done by its daemon: tierfs/read/neargc.py. This module hands it over to ctl.py.)
+
 Under the cache root (default /var/cache/tierfs, where a mount's cache dir is
 `<root>/<id of source>`, config.MountConfig.effective_cache_dir) each cache dir is judged
 on its own, holding its lock (`CACHE_DIR/lock`, taken non-blocking the way a daemon takes

@@ -55,7 +55,7 @@ from ..read import neargc
 from ..read.dirahead import DirReadAhead
 from ..read.near import NearSource
 from ..read.prefetch import Prefetcher
-from ..read.promote import Promoter
+from ..read.promote import Copier, Promoter
 from ..read.walk import TierWalk
 from ..tasks import Tasks, sole_exception
 from ..telemetry.analytics import Analytics
@@ -276,8 +276,9 @@ def _add_near(core: Core, cfg: MountConfig, near: AsyncBackend) -> None:
     assert cfg.tier is not None
     walk = core.walk
     if cfg.promote == "all":
-        core.promoter = Promoter(near, cfg.tier.prefix, _base_reader(walk, background=True),
-                                 cfg.chunk_size, core.metrics)
+        core.promoter = Promoter(Copier(near, cfg.tier.prefix,
+                                        _base_reader(walk, background=True), cfg.chunk_size),
+                                 core.metrics)
     offer = core.promoter.offer if core.promoter is not None else None
     core.near = NearSource(near, cfg.tier.prefix, core.cache, cfg.chunk_size, offer=offer)
     walk.sources.insert(walk.sources.index(walk.store), core.near)
@@ -288,8 +289,7 @@ def _add_near(core: Core, cfg: MountConfig, near: AsyncBackend) -> None:
     async def from_store(obj: ObjectVersion, index: int) -> Bytes:
         return await store.fetch(Want(obj, index, background=True), obj.key, obj.etag)
 
-    core.warmer.near = Promoter(near, cfg.tier.prefix, from_store, cfg.chunk_size,
-                                core.metrics)
+    core.warmer.near = Copier(near, cfg.tier.prefix, from_store, cfg.chunk_size)
 
 
 def _base_reader(walk: TierWalk, background: bool = False,

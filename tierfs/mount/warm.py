@@ -47,7 +47,7 @@ from ..files.namespace import Namespace
 from ..index.attrs import FILE
 from ..index.inodes import ROOT_INO, Inode
 from ..metrics import Metrics
-from ..read.promote import Promoter
+from ..read.promote import Copier
 from ..read.walk import TierWalk
 from ..tasks import expected_error, sole_exception
 
@@ -85,7 +85,7 @@ class Warmer:
         self._bugs_logged: set[int] = set()  # warms that logged a traceback already
         # --tier: copies objects to the near store straight from the source (no local
         # cache on the way); set by the core (build_core), None without a near store
-        self.near: Promoter | None = None
+        self.near: Copier | None = None
 
     def _failure(self, exc: Exception, warm_id: int = 0) -> TierfsError:
         """What a client is told about `exc`: the TierfsError it is (also inside a group),
@@ -453,8 +453,7 @@ class Warmer:
         errors = list(ws.errors)
         for path, obj in ws.files:
             try:
-                if await near.present(obj):
-                    await near.near.delete(near.prefix + obj.key)
+                if await near.delete(obj):
                     freed += obj.size
             except TierfsError as exc:
                 errors.append({"path": path, "error": str(exc)})

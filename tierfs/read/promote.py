@@ -1,7 +1,8 @@
 """Promotion: copying to the near store (near.py) what a read fetched from the source.
 
-The near source offers each object version whose chunk the source had to answer; one
-task copies the offered objects, one at a time, oldest offer first. Each chunk is read
+The near source offers each object version whose chunk the source had to answer to the
+Promoter, whose one task has a Copier copy them, one at a time, oldest offer first
+(`tierfs warm --tier near` uses a Copier of its own). Each chunk is read
 through the read walk (`read`: the local tiers first, so what this node has just read
 crosses the WAN once; what it has not is fetched at read-ahead priority) and written to
 the near store. The copy becomes visible as a copy of its version only whole, with the
@@ -49,77 +50,19 @@ RETRY_AFTER_S = 60.0  # a version whose copy failed is not tried again sooner
 LOG_EVERY_S = 60.0
 
 
-class Promoter:
+class Copier:
+    """Copies object versions to the near store, each chunk got by `read`, and says which
+    it holds: the promoter's (through the read walk) and `tierfs warm --tier near`'s
+    (straight from the source)."""
+
     def __init__(self, near: AsyncBackend, prefix: str,
-                 read: Callable[[ObjectVersion, int], Awaitable[Bytes]], chunk_size: int,
-                 metrics: Metrics, *, max_queued: int = MAX_QUEUED,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 read: Callable[[ObjectVersion, int], Awaitable[Bytes]], chunk_size: int) -> None:
         self.near = near
         self.prefix = prefix
         self._read = read
         self.chunk_size = chunk_size
-        self._metrics = metrics
-        self._max_queued = max_queued
-        self._queued: OrderedDict[tuple[str, str], ObjectVersion] = OrderedDict()
-        # version -> when it may be copied again (never: inf): copied, found copied, or
-        # failed lately
-        self._done: OrderedDict[tuple[str, str], float] = OrderedDict()
-        self._busy: tuple[str, str] | None = None
-        self._wake = trio.Event()
-        self._clock = clock
-        self._logged = -LOG_EVERY_S
         self.copied = 0
         self.copied_bytes = 0
-
-    def _count(self, outcome: str) -> None:
-        self._metrics.tier_promotions.labels("near", outcome).inc()
-
-    def offer(self, obj: ObjectVersion) -> None:
-        """A read fetched a chunk of `obj` from the source (non-blocking, trio thread)."""
-        ident = (obj.key, obj.etag)
-        if ident in self._queued or ident == self._busy or obj.size == 0:
-            return
-        until = self._done.get(ident)
-        if until is not None and self._clock() < until:
-            return
-        if len(self._queued) >= self._max_queued:
-            self._count("dropped")
-            return
-        self._queued[ident] = obj
-        self._wake.set()
-
-    def pending(self) -> int:
-        return len(self._queued) + (self._busy is not None)
-
-    async def run(self) -> None:
-        """Copy what is offered, for the life of the mount (Tasks.supervise)."""
-        while True:
-            if not self._queued:
-                self._wake = trio.Event()
-                await self._wake.wait()
-                continue
-            ident, obj = self._queued.popitem(last=False)
-            self._busy = ident
-            try:
-                outcome = await self.copy(obj)
-            except TierfsError as exc:
-                outcome = "failed"
-                self._failed(obj, exc)
-            finally:
-                self._busy = None
-            self._count(outcome)
-            self._done.pop(ident, None)
-            self._done[ident] = (self._clock() + RETRY_AFTER_S if outcome == "failed"
-                                 else float("inf"))
-            while len(self._done) > REMEMBERED:
-                self._done.popitem(last=False)
-
-    def _failed(self, obj: ObjectVersion, exc: TierfsError) -> None:
-        now = self._clock()
-        if now - self._logged >= LOG_EVERY_S:
-            self._logged = now
-            log.warning("near store: not copied %r: %s (reads are not affected; one such "
-                        "line a minute)", obj.key, exc)
 
     async def present(self, obj: ObjectVersion) -> bool:
         """Whether the near store holds a copy of this version (one HEAD)."""
@@ -128,6 +71,13 @@ class Promoter:
         except NotFound:
             return False
         return (meta.metadata or {}).get(NEAR_ETAG) == obj.etag
+
+    async def delete(self, obj: ObjectVersion) -> bool:
+        """Remove the near store's copy of `obj` if it holds one; whether it did."""
+        if not await self.present(obj):
+            return False
+        await self.near.delete(self.prefix + obj.key)
+        return True
 
     async def copy(self, obj: ObjectVersion) -> str:
         """Copy `obj` to the near store unless it holds it: "copied", "present" or
@@ -191,3 +141,80 @@ class Promoter:
     def _copied(self, obj: ObjectVersion) -> None:
         self.copied += 1
         self.copied_bytes += obj.size
+
+
+class Promoter:
+    """The queue of versions a read had to fetch from the source, copied one at a time by
+    a Copier."""
+
+    def __init__(self, copier: Copier, metrics: Metrics, *, max_queued: int = MAX_QUEUED,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.copier = copier
+        self._metrics = metrics
+        self._max_queued = max_queued
+        self._queued: OrderedDict[tuple[str, str], ObjectVersion] = OrderedDict()
+        # version -> when it may be copied again (never: inf): copied, found copied, or
+        # failed lately
+        self._done: OrderedDict[tuple[str, str], float] = OrderedDict()
+        self._busy: tuple[str, str] | None = None
+        self._wake = trio.Event()
+        self._clock = clock
+        self._logged = -LOG_EVERY_S
+
+    @property
+    def copied(self) -> int:
+        return self.copier.copied
+
+    @property
+    def copied_bytes(self) -> int:
+        return self.copier.copied_bytes
+    def _count(self, outcome: str) -> None:
+        self._metrics.tier_promotions.labels("near", outcome).inc()
+
+    def offer(self, obj: ObjectVersion) -> None:
+        """A read fetched a chunk of `obj` from the source (non-blocking, trio thread)."""
+        ident = (obj.key, obj.etag)
+        if ident in self._queued or ident == self._busy or obj.size == 0:
+            return
+        until = self._done.get(ident)
+        if until is not None and self._clock() < until:
+            return
+        if len(self._queued) >= self._max_queued:
+            self._count("dropped")
+            return
+        self._queued[ident] = obj
+        self._wake.set()
+
+    def pending(self) -> int:
+        return len(self._queued) + (self._busy is not None)
+
+    async def run(self) -> None:
+        """Copy what is offered, for the life of the mount (Tasks.supervise)."""
+        while True:
+            if not self._queued:
+                self._wake = trio.Event()
+                await self._wake.wait()
+                continue
+            ident, obj = self._queued.popitem(last=False)
+            self._busy = ident
+            try:
+                outcome = await self.copier.copy(obj)
+            except TierfsError as exc:
+                outcome = "failed"
+                self._failed(obj, exc)
+            finally:
+                self._busy = None
+            self._count(outcome)
+            self._done.pop(ident, None)
+            self._done[ident] = (self._clock() + RETRY_AFTER_S if outcome == "failed"
+                                 else float("inf"))
+            while len(self._done) > REMEMBERED:
+                self._done.popitem(last=False)
+
+    def _failed(self, obj: ObjectVersion, exc: TierfsError) -> None:
+        now = self._clock()
+        if now - self._logged >= LOG_EVERY_S:
+            self._logged = now
+            log.warning("near store: not copied %r: %s (reads are not affected; one such "
+                        "line a minute)", obj.key, exc)
+
